@@ -1,0 +1,58 @@
+"""Stage 4a: print the step IR as a torch module (the torch backend's step function)."""
+from __future__ import annotations
+
+import sympy
+
+from .ir import StepIR
+from .model import NeuronModel
+from .printer import TORCH, Printer
+
+
+def _indent(lines: list[str], depth: int = 1) -> str:
+    return "\n".join("    " * depth + line for line in lines)
+
+
+def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
+    """Python source defining ``step(...)`` and ``initial_states(...)`` with torch ops."""
+    p = Printer(TORCH)
+    args = ", ".join(ir.input_names + ir.state_names)
+    kwargs = (", *, " + ", ".join(ir.param_names)) if ir.params else ""
+    body = [f"{sym.name} = {p(expr)}" for sym, expr in ir.assignments]
+    outs = "".join(f"{p(s)}, " for s in ir.outputs)
+    nexts = "".join(f"{p(s)}, " for s in ir.next_states)
+    body.append(f"return ({outs}), ({nexts})")
+    constants = {sympy.Symbol(n, real=True): sympy.Float(v) for n, v in ir.constants}
+    inits = "".join(f"{p(sympy.sympify(model.states[s].init).xreplace(constants))}, " for s in ir.state_names)
+    init_kwargs = ("*, " + ", ".join(ir.param_names)) if ir.params else ""
+    return f'''{header}
+import torch
+
+
+class Spike(torch.autograd.Function):
+    """Heaviside forward (x >= 0); surrogate gradient {model.surrogate.name} backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return (x >= 0).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * ({p(ir.surrogate) if ir.surrogate.free_symbols else f"x.new_full((), {p(ir.surrogate)})"})
+
+
+_spike = Spike.apply
+
+
+def step({args}{kwargs}):
+    """One time step: returns (outputs {list(ir.output_names)}), (next states {list(ir.state_names)})."""
+{_indent(body)}
+
+
+def initial_states({init_kwargs}):
+    """Initial value of each state {list(ir.state_names)} (numbers or 0-dim tensors)."""
+    return ({inits})
+'''
+
+

@@ -1,0 +1,158 @@
+"""Stage 4b: the single-step Triton cores (forward and backward) and the FlexSNInfo.
+
+The forward core is printed from the step IR; the backward core from its
+symbolic reverse-mode derivative (:mod:`flexsn_dsl.autodiff`). The template
+engine (:mod:`flexsn_dsl.templates`) expands both into multi-step kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import sympy
+
+from .autodiff import Backward, differentiate
+from .ir import StepIR
+from .printer import TRITON, Printer
+
+
+@dataclass(frozen=True)
+class FlexSNInfo:
+    """What the generated kernels take and return (names in the spec's terms).
+
+    ``fwd_core_returns`` lists what the forward core returns: outputs, next
+    states, then the extra values saved for the backward. ``fwd_core_recipients``
+    names the kernel variable that receives each (``_`` for a duplicate).
+    ``fwd_kernel_returns`` lists the sequences the training forward kernel
+    writes, and ``c2k_return_mapping`` maps each value the backward core reads
+    to where it comes from: ``("input", i)``, ``("output", i)`` or
+    ``("saved", i)`` (an index into ``saved_names``).
+    """
+
+    neuron: str
+    input_names: tuple[str, ...]
+    state_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    param_names: tuple[str, ...]                 # learnable parameters, in kernel argument order
+    constants: dict[str, float]                  # parameters baked into the code
+    fwd_core_returns: tuple[str, ...]
+    fwd_core_recipients: tuple[str, ...]
+    fwd_kernel_returns: tuple[str, ...]
+    saved_names: tuple[str, ...]                 # extra per-step tensors the training forward stores
+    c2k_return_mapping: tuple[tuple[str, int], ...]
+    bwd_core_args: tuple[str, ...]
+    bwd_core_returns: tuple[str, ...]
+    output_vars: tuple[str, ...] = field(default=())  # kernel variable holding each output
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.input_names)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.state_names)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.output_names)
+
+    @property
+    def num_params(self) -> int:
+        return len(self.param_names)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cores:
+    forward_name: str
+    backward_name: str
+    source: str
+    info: FlexSNInfo
+
+
+def _assignments(printer: Printer, lines) -> list[str]:
+    return [f"    {sym.name} = {printer(expr)}" for sym, expr in lines]
+
+
+def _tensor(printer: Printer, expr: sympy.Expr, like: str) -> str:
+    """Print ``expr``; a constant becomes a tensor shaped like ``like`` (loop-carried values must be)."""
+    if expr.free_symbols:
+        return printer(expr)
+    return f"tl.zeros_like({like}) + {printer(expr)}"
+
+
+def build_cores(ir: StepIR) -> Cores:
+    """The forward and backward cores of ``ir`` and their FlexSNInfo."""
+    backward: Backward = differentiate(ir)
+    p = Printer(TRITON)
+    name = ir.name
+    inputs, states, params = list(ir.input_names), list(ir.state_names), list(ir.param_names)
+
+    # Where each value the backward reads comes from.
+    mapping, extras = [], []
+    for sym in backward.saved:
+        if sym in ir.inputs:
+            mapping.append(("input", ir.inputs.index(sym)))
+        elif sym in ir.outputs:
+            mapping.append(("output", ir.outputs.index(sym)))
+        else:
+            mapping.append(("saved", len(extras)))
+            extras.append(sym)
+
+    # Kernel variables receiving the forward core's results.
+    output_vars, recipients = [], []
+    by_symbol = {s: n for s, n in zip(ir.inputs, inputs)}
+    for sym, out_name in zip(ir.outputs, ir.output_names):
+        if sym in ir.next_states:
+            output_vars.append(states[ir.next_states.index(sym)])
+            recipients.append("_")
+        elif sym in by_symbol:
+            output_vars.append(by_symbol[sym])
+            recipients.append("_")
+        else:
+            output_vars.append(out_name)
+            recipients.append(out_name)
+    recipients += states + [f"{s.name}__saved_t" for s in extras]
+    core_returns = [p(s) for s in ir.outputs] + [p(s) for s in ir.next_states] + [p(s) for s in extras]
+
+    fwd_args = ", ".join(inputs + states + params)
+    first_tensor = (inputs + states)[0]
+    fwd = [f"@triton.jit", f"def {name}_forward_core({fwd_args}):",
+           f'    """One step of {name}: returns outputs {inputs and tuple(ir.output_names)}, next states, saved values."""']
+    fwd += _assignments(p, ir.assignments)
+    folded = {s: e for s, e in ir.assignments if e.is_number}
+    fwd.append("    return " + ", ".join(_tensor(p, folded.get(s, s), first_tensor)
+                                       for s in list(ir.outputs) + list(ir.next_states) + extras))
+
+    bwd_args = [s.name for s in backward.saved] + [s.name for s in backward.seeds] + params
+    bwd_returns = [f"grad__{n}" for n in inputs + states + params]
+    seed_ref = backward.seeds[0].name
+    bwd = [f"@triton.jit", f"def {name}_backward_core({', '.join(bwd_args)}):",
+           f'    """Reverse of one step: gradients of inputs, previous states and learnable parameters."""']
+    if backward.recompute:
+        bwd.append("    # recompute the forward values the gradients need")
+        bwd += _assignments(p, backward.recompute)
+    if backward.adjoints:
+        bwd.append("    # adjoints, last assignment first")
+        bwd += _assignments(p, backward.adjoints)
+    bwd.append("    return " + ", ".join(_tensor(p, r, seed_ref) for r in backward.results))
+
+    info = FlexSNInfo(
+        neuron=name,
+        input_names=tuple(inputs),
+        state_names=tuple(states),
+        output_names=tuple(ir.output_names),
+        param_names=tuple(params),
+        constants=dict(ir.constants),
+        fwd_core_returns=tuple(core_returns),
+        fwd_core_recipients=tuple(recipients),
+        fwd_kernel_returns=tuple(ir.output_names) + tuple(f"{s.name}__saved" for s in extras),
+        saved_names=tuple(s.name for s in extras),
+        c2k_return_mapping=tuple(mapping),
+        bwd_core_args=tuple(bwd_args),
+        bwd_core_returns=tuple(bwd_returns),
+        output_vars=tuple(output_vars),
+    )
+    source = "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
+    return Cores(f"{name}_forward_core", f"{name}_backward_core", source, info)

@@ -1,0 +1,69 @@
+"""Errors with source positions: the one exception type the API raises for bad specs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourcePos:
+    """A place in a spec file; line and col are 1-based."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+    def shifted(self, line_offset: int, col: int) -> "SourcePos":
+        return SourcePos(self.file, self.line + line_offset, col)
+
+
+class SpecError(Exception):
+    """A spec (or plugin) that cannot be built.
+
+    Attributes: ``pos`` (a :class:`SourcePos`, or None), ``message`` (what is
+    wrong), ``hint`` (what to change, may be empty) and ``source_line`` (the
+    offending line of the file, when known).
+    """
+
+    def __init__(self, message: str, pos: SourcePos | None = None, hint: str = "",
+                 source_line: str | None = None):
+        self.message = message
+        self.pos = pos
+        self.hint = hint
+        self.source_line = source_line
+        super().__init__(self.format())
+
+    @property
+    def file(self) -> str | None:
+        return self.pos.file if self.pos else None
+
+    @property
+    def line(self) -> int | None:
+        return self.pos.line if self.pos else None
+
+    @property
+    def col(self) -> int | None:
+        return self.pos.col if self.pos else None
+
+    def format(self) -> str:
+        where = f"{self.pos}: " if self.pos else ""
+        text = f"{where}error: {self.message}"
+        if self.source_line is not None and self.pos is not None:
+            shown = self.source_line.rstrip("\n").replace("\t", " ")
+            text += f"\n    {shown}\n    {' ' * (self.pos.col - 1)}^"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+    def with_source(self, lines: list[str]) -> "SpecError":
+        """Attach the offending source line (for the caret display)."""
+        if self.pos is not None and self.source_line is None and 0 < self.pos.line <= len(lines):
+            self.source_line = lines[self.pos.line - 1]
+            self.args = (self.format(),)
+        return self
+
+
+class PluginError(SpecError):
+    """A plugin that registers something invalid or raises; names the plugin."""

@@ -1,0 +1,394 @@
+"""Stage 2: YAML nodes -> a validated neuron model whose expressions are sympy.
+
+Every name, expression and key keeps the file, line and column it came from,
+and every rule of the language is checked here, so later stages can assume a
+well-formed model.
+"""
+from __future__ import annotations
+
+import keyword
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sympy
+
+from .errors import SourcePos, SpecError
+from .expressions import DSL_FUNCTIONS, ExpressionParser, closest
+from .plugins import Plugins, Surrogate
+from .source import Node, parse_yaml
+from .symbolic import Spike, real_symbol
+
+TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "surrogate", "step", "outputs", "passes")
+REQUIRED_KEYS = ("neuron", "states", "step")
+RESERVED_NAMES = frozenset({"pi", "tl", "triton", "libdevice", "torch", "math", "range", "float", *DSL_FUNCTIONS})
+DEFAULT_SURROGATE = "sigmoid"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    value: float
+    learnable: bool
+    pos: SourcePos
+
+
+@dataclass(frozen=True)
+class State:
+    name: str
+    init: sympy.Expr  # an expression of parameter symbols
+    pos: SourcePos
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One line of ``step``: ``symbol = expr`` (``symbol`` is unique; ``name`` the user's)."""
+
+    name: str
+    symbol: sympy.Symbol
+    expr: sympy.Expr
+    pos: SourcePos
+
+
+@dataclass
+class NeuronModel:
+    """A validated spec. Expressions use one real sympy symbol per input, parameter,
+    previous state and assigned name; a reassigned state ``v`` gets ``v__next``."""
+
+    name: str
+    description: str
+    file: str
+    text: str
+    inputs: list[str]
+    parameters: dict[str, Parameter]
+    states: dict[str, State]
+    surrogate: Surrogate
+    surrogate_params: dict[str, float]
+    steps: list[Assignment]
+    outputs: list[tuple[str, sympy.Symbol]]
+    next_states: dict[str, sympy.Symbol]
+    passes: list[str] = field(default_factory=list)
+    positions: dict[str, SourcePos] = field(default_factory=dict)
+
+    @property
+    def learnable(self) -> list[str]:
+        return [p.name for p in self.parameters.values() if p.learnable]
+
+    def symbol(self, name: str) -> sympy.Symbol:
+        return real_symbol(name)
+
+
+def _locator(node: Node):
+    def locate(line: int, col: int) -> SourcePos:
+        if line <= 1:
+            return node.text_pos(col)
+        return SourcePos(node.pos.file, node.pos.line + line - 1, col + 1)
+    return locate
+
+
+def _type_name(node: Node) -> str:
+    if node.kind != "scalar":
+        return node.kind
+    value = node.value
+    return "nothing" if value is None else type(value).__name__
+
+
+class _Builder:
+    def __init__(self, root: Node, text: str, file: str, plugins: Plugins):
+        self.root = root
+        self.text = text
+        self.file = file
+        self.plugins = plugins
+        self.declared: dict[str, tuple[str, SourcePos]] = {}  # name -> (kind, pos)
+
+    # -- small checks ------------------------------------------------------
+    def _get(self, key: str) -> Node | None:
+        return self.root.value.get(key)
+
+    def _key_pos(self, key: str) -> SourcePos:
+        return self.root.key_pos.get(key, self.root.pos)
+
+    def _expect(self, node: Node, kind: str, what: str, example: str) -> None:
+        if node.kind != kind or (kind == "scalar" and node.value is None):
+            raise SpecError(f"{what} must be a {kind if kind != 'scalar' else 'value'}, not {_type_name(node)}",
+                            node.pos, f"write it like: {example}")
+
+    def _identifier(self, name: object, pos: SourcePos, kind: str, allow_keyword: bool = False) -> str:
+        if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+            raise SpecError(f"{kind} name {name!r} is not a valid identifier", pos,
+                            "use letters, digits and single underscores, starting with a letter")
+        if (keyword.iskeyword(name) and not allow_keyword) or (name in RESERVED_NAMES and not allow_keyword):
+            raise SpecError(f"{kind} name {name!r} is reserved", pos, "choose another name")
+        if name.startswith("_") or "__" in name:
+            raise SpecError(f"{kind} name {name!r} may not start with '_' or contain '__' (reserved for generated code)",
+                            pos, "choose another name")
+        return name
+
+    def _declare(self, name: str, kind: str, pos: SourcePos) -> None:
+        if name in self.declared:
+            other_kind, other_pos = self.declared[name]
+            raise SpecError(f"{kind} {name!r} collides with the {other_kind} of the same name (line {other_pos.line})",
+                            pos, "inputs, parameters and states need distinct names")
+        self.declared[name] = (kind, pos)
+
+    def _number(self, node: Node, what: str) -> float:
+        value = node.value
+        if node.kind != "scalar" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(f"{what} must be a number, not {_type_name(node)} {value!r}" if node.kind == "scalar"
+                            else f"{what} must be a number, not a {node.kind}", node.pos,
+                            "write a number such as 1.0 or -0.5")
+        if isinstance(value, float) and math.isnan(value):
+            raise SpecError(f"{what} is NaN", node.pos, "write a finite number")
+        return float(value)
+
+    # -- sections ----------------------------------------------------------
+    def build(self) -> NeuronModel:
+        top = self.root.value
+        for key in top:
+            if key not in TOP_LEVEL_KEYS:
+                hint = closest(key, TOP_LEVEL_KEYS)
+                raise SpecError(f"unknown key {key!r}", self.root.key_pos[key],
+                                hint or f"the keys are: {', '.join(TOP_LEVEL_KEYS)}")
+        for key in REQUIRED_KEYS:
+            if key not in top:
+                raise SpecError(f"missing required key {key!r}", self.root.pos,
+                                {"neuron": "add `neuron: my_neuron` (an identifier naming the model)",
+                                 "states": "add `states:` mapping each state to its initial value, e.g. `v: 0.0`",
+                                 "step": "add `step:` with the update lines, e.g. `s: spike(v - 1.0)`"}[key])
+        name_node = top["neuron"]
+        self._expect(name_node, "scalar", "`neuron`", "neuron: lif")
+        name = self._identifier(name_node.value, name_node.pos, "neuron", allow_keyword=True)
+        description = ""
+        if "description" in top:
+            node = top["description"]
+            if node.kind != "scalar" or not isinstance(node.value, str):
+                raise SpecError("`description` must be text", node.pos, "write description: some text")
+            description = node.value.strip()
+        inputs = self._inputs()
+        parameters = self._parameters()
+        states = self._states(parameters)
+        surrogate, surrogate_params = self._surrogate()
+        steps, next_states, env, spike_names = self._steps(inputs, parameters, states)
+        outputs = self._outputs(env, spike_names)
+        passes = self._passes()
+        return NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
+                           surrogate_params, steps, outputs, next_states, passes,
+                           {k: self._key_pos(k) for k in top})
+
+    def _inputs(self) -> list[str]:
+        node = self._get("inputs")
+        if node is None:
+            self._declare("x", "input", self.root.pos)
+            return ["x"]
+        self._expect(node, "list", "`inputs`", "inputs: [x]")
+        if not node.value:
+            raise SpecError("`inputs` is empty", node.pos, "list at least one input, e.g. inputs: [x]")
+        names = []
+        for item in node.value:
+            self._expect(item, "scalar", "an input", "inputs: [x, y]")
+            name = self._identifier(item.value, item.pos, "input")
+            self._declare(name, "input", item.pos)
+            names.append(name)
+        return names
+
+    def _parameters(self) -> dict[str, Parameter]:
+        node = self._get("parameters")
+        if node is None or (node.kind == "scalar" and node.value is None):
+            return {}
+        self._expect(node, "mapping", "`parameters`", "parameters: {tau: 2.0}")
+        out = {}
+        for name, value in node.value.items():
+            pos = node.key_pos[name]
+            self._identifier(name, pos, "parameter")
+            self._declare(name, "parameter", pos)
+            learnable = False
+            if value.kind == "mapping":
+                for key in value.value:
+                    if key not in ("value", "learnable"):
+                        raise SpecError(f"unknown key {key!r} in parameter {name!r}", value.key_pos[key],
+                                        closest(key, ("value", "learnable")) or "a parameter takes `value` and `learnable`")
+                if "value" not in value.value:
+                    raise SpecError(f"parameter {name!r} has no `value`", value.pos, f"write {name}: {{value: 1.0}}")
+                number = self._number(value.value["value"], f"the value of parameter {name!r}")
+                if "learnable" in value.value:
+                    flag = value.value["learnable"]
+                    if not isinstance(flag.value, bool):
+                        raise SpecError(f"`learnable` of parameter {name!r} must be true or false, not {flag.value!r}",
+                                        flag.pos, "write learnable: true")
+                    learnable = flag.value
+            else:
+                number = self._number(value, f"parameter {name!r}")
+            out[name] = Parameter(name, number, learnable, pos)
+        return out
+
+    def _states(self, parameters: dict[str, Parameter]) -> dict[str, State]:
+        node = self.root.value["states"]
+        self._expect(node, "mapping", "`states`", "states: {v: 0.0}")
+        if not node.value:
+            raise SpecError("`states` is empty", node.pos, "declare at least one state, e.g. v: 0.0")
+        env = {p: real_symbol(p) for p in parameters}
+        out = {}
+        for name, value in node.value.items():
+            pos = node.key_pos[name]
+            self._identifier(name, pos, "state")
+            self._declare(name, "state", pos)
+            if value.kind == "mapping":
+                for key in value.value:
+                    if key != "init":
+                        raise SpecError(f"unknown key {key!r} in state {name!r}", value.key_pos[key],
+                                        "a state takes `init` (a number or an expression of parameters)")
+                if "init" not in value.value:
+                    raise SpecError(f"state {name!r} has no `init`", value.pos, f"write {name}: {{init: 0.0}}")
+                value = value.value["init"]
+            init = self._expression(value, env, f"initial value of state {name!r}", initial=True)
+            out[name] = State(name, init, pos)
+        return out
+
+    def _expression(self, node: Node, env, what: str, later=None, initial: bool = False) -> sympy.Expr:
+        if node.kind != "scalar" or node.value is None or isinstance(node.value, bool):
+            raise SpecError(f"{what} must be a number or an expression, not {_type_name(node)}", node.pos,
+                            "write an expression such as `v + x / tau`")
+        if isinstance(node.value, (int, float)):
+            return sympy.Integer(node.value) if isinstance(node.value, int) else sympy.Float(node.value)
+        parser = ExpressionParser(env, later=later, what=what)
+        try:
+            expr = parser.parse(str(node.value), _locator(node))
+        except SpecError as exc:
+            if initial and "unknown name" in exc.message:
+                exc.hint = "an initial value may use numbers and parameters only"
+                exc.args = (exc.format(),)
+            raise
+        if initial and (expr.atoms(Spike) or any(f.func.__name__ == "Detach" for f in expr.atoms(sympy.Function))):
+            raise SpecError(f"{what} may not use spike() or detach()", node.pos, "use numbers and parameters")
+        return expr
+
+    def _surrogate(self) -> tuple[Surrogate, dict[str, float]]:
+        node = self._get("surrogate")
+        params: dict[str, Node] = {}
+        if node is None:
+            name, pos = DEFAULT_SURROGATE, self.root.pos
+        elif node.kind == "scalar" and isinstance(node.value, str):
+            name, pos = node.value, node.pos
+        elif node.kind == "mapping":
+            if "name" not in node.value:
+                raise SpecError("`surrogate` has no `name`", node.pos, "write surrogate: {name: sigmoid, alpha: 4.0}")
+            name_node = node.value["name"]
+            if name_node.kind != "scalar" or not isinstance(name_node.value, str):
+                raise SpecError("the surrogate's `name` must be a name", name_node.pos, "write name: sigmoid")
+            name, pos = name_node.value, name_node.pos
+            params = {k: v for k, v in node.value.items() if k != "name"}
+        else:
+            raise SpecError(f"`surrogate` must be a name or a mapping, not {_type_name(node)}", node.pos,
+                            "write surrogate: atan   or   surrogate: {name: atan, alpha: 2.0}")
+        surrogate = self.plugins.surrogate(name)
+        if surrogate is None:
+            hint = closest(name, self.plugins.surrogates)
+            broken = [e.message for e in self.plugins.errors]
+            extra = f" (plugins that failed to load: {'; '.join(broken)})" if broken else ""
+            raise SpecError(f"unknown surrogate {name!r}{extra}", pos,
+                            hint or f"surrogates: {', '.join(sorted(self.plugins.surrogates))}")
+        values = dict(surrogate.params)
+        for key, value in params.items():
+            if key not in surrogate.params:
+                hint = closest(key, surrogate.params)
+                known = ", ".join(surrogate.params) or "none"
+                raise SpecError(f"surrogate {name!r} has no parameter {key!r}", node.key_pos[key],
+                                hint or f"its parameters: {known}")
+            values[key] = self._number(value, f"surrogate parameter {key!r}")
+        return surrogate, values
+
+    def _steps(self, inputs, parameters, states):
+        node = self.root.value["step"]
+        self._expect(node, "mapping", "`step`", "step: {s: spike(v - 1.0)}")
+        if not node.value:
+            raise SpecError("`step` is empty", node.pos, "write at least one line, e.g. s: spike(v - 1.0)")
+        env: dict[str, sympy.Expr] = {n: real_symbol(n) for n in [*inputs, *parameters, *states]}
+        later = {k: node.key_pos[k] for k in node.value if k not in states}
+        steps, next_states, spike_names = [], {}, []
+        for name, value in node.value.items():
+            pos = node.key_pos[name]
+            self._identifier(name, pos, "step")
+            kind = self.declared.get(name, ("", None))[0]
+            if kind in ("input", "parameter"):
+                raise SpecError(f"cannot assign the {kind} {name!r}", pos,
+                                f"a step may assign states and new names; rename this line")
+            expr = self._expression(value, env, f"step {name!r}", later=later)
+            later.pop(name, None)
+            if kind == "state":
+                symbol = real_symbol(f"{name}__next")
+                next_states[name] = symbol
+            else:
+                symbol = real_symbol(name)
+            if isinstance(expr, Spike):
+                spike_names.append(name)
+            steps.append(Assignment(name, symbol, expr, pos))
+            env[name] = symbol
+        for name in states:
+            next_states.setdefault(name, real_symbol(name))
+        return steps, next_states, env, spike_names
+
+    def _outputs(self, env, spike_names) -> list[tuple[str, sympy.Symbol]]:
+        node = self._get("outputs")
+        if node is None:
+            if not spike_names:
+                raise SpecError("no outputs: no step line is `name: spike(...)`", self._key_pos("step"),
+                                "add `outputs: [name, ...]` listing what the neuron returns")
+            return [(n, env[n]) for n in spike_names]
+        self._expect(node, "list", "`outputs`", "outputs: [s]")
+        if not node.value:
+            raise SpecError("`outputs` is empty", node.pos, "list at least one name, e.g. outputs: [s]")
+        out, seen = [], set()
+        for item in node.value:
+            if item.kind != "scalar" or not isinstance(item.value, str):
+                raise SpecError("an output must be a name", item.pos, "outputs: [s, v]")
+            name = item.value
+            if name not in env:
+                hint = closest(name, env)
+                raise SpecError(f"output {name!r} is not an input, state or step name", item.pos,
+                                hint or "list names assigned in step, states or inputs")
+            if name in seen:
+                raise SpecError(f"output {name!r} is listed twice", item.pos, "list each output once")
+            seen.add(name)
+            out.append((name, env[name]))
+        return out
+
+    def _passes(self) -> list[str]:
+        node = self._get("passes")
+        if node is None:
+            return []
+        self._expect(node, "list", "`passes`", "passes: [safe_exp]")
+        names = []
+        for item in node.value:
+            if item.kind != "scalar" or not isinstance(item.value, str):
+                raise SpecError("a pass must be a name", item.pos, "passes: [safe_exp]")
+            if item.value not in self.plugins.passes:
+                hint = closest(item.value, self.plugins.passes)
+                known = ", ".join(sorted(self.plugins.passes)) or "none registered"
+                raise SpecError(f"unknown code-generation pass {item.value!r}", item.pos, hint or f"passes: {known}")
+            names.append(item.value)
+        return names
+
+
+def build_model(text: str, file: str, plugins: Plugins) -> NeuronModel:
+    """Parse and validate spec text; raise :class:`SpecError` with the source line on bad input."""
+    lines = text.splitlines()
+    try:
+        root = parse_yaml(text, file)
+        return _Builder(root, text, file, plugins).build()
+    except SpecError as exc:
+        raise exc.with_source(lines) from None
+
+
+def read_model(path: str | Path, plugins: Plugins) -> NeuronModel:
+    """Read and validate a spec file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}", None, "check the path") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path} is not UTF-8 text (byte {exc.start})", SourcePos(str(path), 1, 1),
+                        "save the spec as UTF-8") from None
+    return build_model(text, str(path), plugins)

@@ -1,0 +1,194 @@
+"""Stage 6: the runtime: an ``nn.Module`` running the generated torch step or Triton kernels."""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from .compiler import Compiled, compile_spec
+from .errors import SpecError
+
+BACKENDS = ("auto", "torch", "triton")
+STEP_MODES = ("s", "m")
+
+
+class FlexSN(nn.Module):
+    """A spiking neuron layer generated from a spec.
+
+    ``step_mode="m"`` takes inputs ``[T, ...]``, ``"s"`` one step ``[...]``.
+    ``states`` holds each state's current tensor (carried from call to call
+    until :meth:`reset`); ``state_seqs`` the per-step states of the last call
+    when ``store_state_seqs`` is true. Learnable parameters are
+    ``nn.Parameter``\\ s named as in the spec.
+    """
+
+    def __init__(self, compiled: Compiled, step_mode: str = "m", backend: str = "auto",
+                 store_state_seqs: bool = False):
+        super().__init__()
+        if step_mode not in STEP_MODES:
+            raise ValueError(f"step_mode must be one of {STEP_MODES}, got {step_mode!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self._compiled = compiled
+        self.step_mode = step_mode
+        self.backend = backend
+        self.store_state_seqs = store_state_seqs
+        model = compiled.model
+        for name in model.learnable:
+            if hasattr(self, name):
+                raise SpecError(f"learnable parameter {name!r} clashes with an attribute of torch.nn.Module",
+                                model.parameters[name].pos, "rename the parameter")
+            self.register_parameter(name, nn.Parameter(torch.tensor(compiled.values[name])))
+        self.states: dict[str, torch.Tensor] = {}
+        self.state_seqs: dict[str, torch.Tensor] = {}
+        self._triton_error: SpecError | None = None
+
+    # -- describing ----------------------------------------------------------
+    @property
+    def spec(self):
+        return self._compiled.model
+
+    @property
+    def info(self):
+        """The FlexSNInfo of the generated Triton kernels."""
+        return self._compiled.cores.info
+
+    def extra_repr(self) -> str:
+        return (f"neuron={self.spec.name!r}, step_mode={self.step_mode!r}, backend={self.backend!r}, "
+                f"surrogate={self.spec.surrogate.name!r}")
+
+    # -- pickling / deepcopy: keep the spec, rebuild generated code on demand --
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        compiled = state.pop("_compiled")
+        state["_spec_source"] = (compiled.model.file, compiled.model.text, compiled.values,
+                                 [p.name for p in compiled.passes])
+        return state
+
+    def __setstate__(self, state):
+        file, text, values, passes = state.pop("_spec_source")
+        state["_compiled"] = compile_spec(file, text=text, params=values, passes=passes)
+        self.__dict__.update(state)
+
+    # -- running ---------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the states (they restart from their initial values at the next call)."""
+        self.states = {}
+        self.state_seqs = {}
+
+    def _param_values(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.spec.learnable}
+
+    def _initial_states(self, like: torch.Tensor) -> list[torch.Tensor]:
+        values = self._compiled.torch_namespace["initial_states"](**self._param_values())
+        out = []
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                out.append(like.new_zeros(like.shape) + value.to(like.dtype))
+            else:
+                out.append(torch.full_like(like, float(value)))
+        return out
+
+    def _choose_backend(self, x: torch.Tensor) -> str:
+        if self.backend == "torch":
+            return "torch"
+        if self.backend == "triton":
+            return "triton"
+        if x.is_cuda:
+            if self._triton_error is None:
+                try:
+                    self._compiled.cores  # noqa: B018 - lower now to report problems once
+                    return "triton"
+                except SpecError as exc:
+                    self._triton_error = exc
+                    warnings.warn(f"flexsn-dsl: {self.spec.name}: the Triton backend cannot build this spec, "
+                                  f"falling back to torch: {exc}", stacklevel=3)
+            return "torch"
+        return "torch"
+
+    def forward(self, *inputs: torch.Tensor):
+        names = self.spec.inputs
+        if len(inputs) != len(names):
+            raise TypeError(f"{self.spec.name} takes {len(names)} input(s) {names}, got {len(inputs)}")
+        shape = inputs[0].shape
+        for name, x in zip(names, inputs):
+            if x.shape != shape:
+                raise ValueError(f"input {name!r} has shape {tuple(x.shape)}, expected {tuple(shape)} like {names[0]!r}")
+        if self.step_mode == "s":
+            inputs = tuple(x.unsqueeze(0) for x in inputs)
+        if inputs[0].dim() < 1:
+            raise ValueError("step_mode='m' needs inputs of shape [T, ...]")
+        first = inputs[0][0] if inputs[0].shape[0] > 0 else inputs[0].new_zeros(inputs[0].shape[1:])
+        states = [self.states.get(n) for n in self.spec.states]
+        if any(s is None or s.shape != first.shape for s in states):
+            states = self._initial_states(first)
+        states = [s.to(device=first.device, dtype=first.dtype) for s in states]
+        if self._choose_backend(first) == "torch":
+            outputs, finals, seqs = self._run_torch(inputs, states)
+        else:
+            from .triton_runtime import run_triton
+            outputs, finals, seqs = run_triton(self._compiled, inputs, states, self._param_values(),
+                                               self.store_state_seqs)
+        self.states = dict(zip(self.spec.states, finals))
+        if self.store_state_seqs:
+            self.state_seqs = dict(zip(self.spec.states, seqs))
+            if self.step_mode == "s":
+                self.state_seqs = {k: v[0] for k, v in self.state_seqs.items()}
+        if self.step_mode == "s":
+            outputs = [o[0] for o in outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor]):
+        step = self._compiled.torch_namespace["step"]
+        params = self._param_values()
+        per_step_outputs, per_step_states = [], []
+        for t in range(inputs[0].shape[0]):
+            outs, states = step(*(x[t] for x in inputs), *states, **params)
+            states = [_like(s, inputs[0][t]) for s in states]
+            per_step_outputs.append([_like(o, inputs[0][t]) for o in outs])
+            if self.store_state_seqs:
+                per_step_states.append(states)
+        outputs = [_stack([o[k] for o in per_step_outputs], inputs[0]) for k in range(len(self.spec.outputs))]
+        seqs = [_stack([s[k] for s in per_step_states], inputs[0]) for k in range(len(self.spec.states))] \
+            if self.store_state_seqs else []
+        return outputs, list(states), seqs
+
+
+def _like(value, like: torch.Tensor) -> torch.Tensor:
+    """A step result as a tensor of the input's shape (constants and 0-dim values broadcast)."""
+    if not isinstance(value, torch.Tensor):
+        return torch.full_like(like, float(value))
+    if value.shape != like.shape:
+        return value.expand(like.shape) + like.new_zeros(())
+    return value
+
+
+def _stack(values: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    if not values:
+        return like.new_zeros(like.shape)
+    return torch.stack(values)
+
+
+def load(path: str | os.PathLike, params: dict[str, float] | None = None, step_mode: str = "m",
+         backend: str = "auto", store_state_seqs: bool = False, plugins: Iterable[str] = (),
+         passes: Iterable[str] = ()) -> FlexSN:
+    """Load a spec file as an ``nn.Module``.
+
+    ``params`` overrides parameter values; ``plugins`` are extra plugin files
+    (Python files with ``@flexsn_dsl.hookimpl`` functions); ``passes`` enables
+    code-generation passes by name. Raises :class:`flexsn_dsl.SpecError` on a bad spec.
+    """
+    compiled = compile_spec(Path(path), params=params, plugins=plugins, passes=passes)
+    return FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs)
+
+
+def loads(text: str, params: dict[str, float] | None = None, step_mode: str = "m", backend: str = "auto",
+          store_state_seqs: bool = False, plugins: Iterable[str] = (), passes: Iterable[str] = (),
+          filename: str = "<string>") -> FlexSN:
+    """Like :func:`load`, from spec text."""
+    compiled = compile_spec(filename, text=text, params=params, plugins=plugins, passes=passes)
+    return FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs)

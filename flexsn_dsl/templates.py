@@ -1,0 +1,158 @@
+"""Stage 5: the template engine: single-step cores -> fused multi-step kernels.
+
+Every kernel walks one block of neurons through time with a runtime ``_T``
+(a real loop: compile time does not grow with T), plain pointer arithmetic and
+masks (no block pointers), and computes in ``_DTYPE`` (float32 for 16-bit and
+32-bit storage, float64 for float64).
+
+Variants:
+  inference              outputs and state sequences
+  inference_final_state  outputs and final states
+  forward                training: outputs, saved values, state sequences, final states
+  forward_final_state    training: outputs, saved values, final states
+  backward               time reversed: gradients of inputs, initial states and parameters
+"""
+from __future__ import annotations
+
+from .codegen_triton import Cores, FlexSNInfo
+
+HEAVISIDE = '''@triton.jit
+def _heaviside(u):
+    """spike() forward: 1 where u >= 0, else 0, in u's dtype."""
+    return tl.where(u >= 0.0, 1.0, 0.0).to(u.dtype)
+'''
+VARIANTS = ("inference", "inference_final_state", "forward", "forward_final_state", "backward")
+I1, I2 = "    ", "        "
+
+
+def _params_load(info: FlexSNInfo) -> list[str]:
+    return [f"{I1}{name} = tl.load(params + {k}).to(_DTYPE)" for k, name in enumerate(info.param_names)]
+
+
+def _load(ptr: str) -> str:
+    return f"tl.load({ptr}, mask=_mask, other=0.0).to(_DTYPE)"
+
+
+def _store(ptr: str, value: str) -> str:
+    target = ptr if ptr.isidentifier() else f"({ptr})"
+    return f"tl.store({ptr}, {value}.to({target}.dtype.element_ty), mask=_mask)"
+
+
+def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
+    lines = ["@triton.jit", f"def {info.neuron}_{name}_kernel("]
+    lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
+    lines += [f"{I1}_T, _N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr{flags},", "):"]
+    return lines
+
+
+def _head() -> list[str]:
+    return [f"{I1}_offs = tl.program_id(0) * _BLOCK + tl.arange(0, _BLOCK)", f"{I1}_mask = _offs < _N"]
+
+
+def _forward_kernel(cores: Cores, variant: str) -> str:
+    """Pointer arguments are named after the spec: ``x__in``, ``s__out``, ``h__saved``,
+    ``v__init``, ``v__states`` and ``v__final``; ``<arg>_ptr`` walks one through time."""
+    info = cores.info
+    training = variant.startswith("forward")
+    state_seqs = variant in ("inference", "forward")
+    inputs = [f"{n}__in" for n in info.input_names]
+    written = [f"{n}__out" for n in info.output_names]
+    written += [f"{n}__saved" for n in info.saved_names] if training else []
+    written += [f"{n}__states" for n in info.state_names] if state_seqs else []
+    walking = inputs + written
+    recipients = list(info.fwd_core_recipients)
+    if not training:  # the saved values are computed but not stored
+        recipients = recipients[:info.num_outputs + info.num_states] + ["_"] * len(info.saved_names)
+    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names)
+    lines = _signature(info, variant, [
+        (inputs + [f"{n}__init" for n in info.state_names], "inputs [T, N], initial states [N]"),
+        (written + [f"{n}__final" for n in info.state_names], "written"),
+        (["params"] if info.param_names else [], f"learnable parameters {list(info.param_names)}"),
+    ], "")
+    lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
+    lines += _head() + _params_load(info)
+    lines += [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
+    lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
+    lines += [f"{I1}for _t in range(0, _T):"]
+    lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
+    lines += [f"{I2}{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
+    lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
+    lines += [f"{I2}{_store(f'{n}__out_ptr', v)}" for n, v in zip(info.output_names, info.output_vars)]
+    if training:
+        lines += [f"{I2}{_store(f'{n}__saved_ptr', f'{n}__saved_t')}" for n in info.saved_names]
+    if state_seqs:
+        lines += [f"{I2}{_store(f'{n}__states_ptr', n)}" for n in info.state_names]
+    lines += [f"{I2}{p}_ptr += _N" for p in walking]
+    lines += [f"{I1}{_store(f'{n}__final + _offs', n)}" for n in info.state_names]
+    return "\n".join(lines) + "\n"
+
+
+def _backward_kernel(cores: Cores) -> str:
+    """Reads upstream gradients ``s__grad_out``, ``v__grad_states``, ``v__grad_final`` and the kept
+    ``h__saved``, ``x__in``, ``s__out``; writes ``x__grad_in``, ``v__grad_init`` and per-block
+    partial parameter gradients ``params__grad``."""
+    info = cores.info
+    kept = [f"{n}__saved" for n in info.saved_names] + [f"{n}__in" for n in info.input_names] + \
+           [f"{n}__out" for n in info.output_names]
+    suffix = {"saved": "__saved", "input": "__in", "output": "__out"}
+    names = {"saved": info.saved_names, "input": info.input_names, "output": info.output_names}
+    read = [f"{names[kind][i]}{suffix[kind]}" for kind, i in info.c2k_return_mapping]
+    read_unique = sorted(set(read), key=kept.index)
+    grad_out = [f"{n}__grad_out" for n in info.output_names]
+    grad_in = [f"{n}__grad_in" for n in info.input_names]
+    walking = grad_out + read_unique + grad_in
+    call_args = [f"{r}_t" for r in read] + [f"{n}__grad_out_t" for n in info.output_names] + \
+                [f"{n}__grad_next" for n in info.state_names] + list(info.param_names)
+    results = [f"{n}__grad_in_t" for n in info.input_names] + [f"{n}__grad_acc" for n in info.state_names] + \
+              [f"{n}__grad_t" for n in info.param_names]
+    lines = _signature(info, "backward", [
+        (grad_out + [f"{n}__grad_states" for n in info.state_names] + [f"{n}__grad_final" for n in info.state_names],
+         "upstream gradients"),
+        (kept, "what the forward kept"),
+        (grad_in + [f"{n}__grad_init" for n in info.state_names], "written"),
+        (["params", "params__grad"] if info.param_names else [],
+         "learnable parameters; per-block partial gradients [blocks, P]"),
+    ], ", _HAS_STATE_GRADS: tl.constexpr")
+    lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
+    lines += _head() + _params_load(info)
+    lines += [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
+    lines += [f"{I1}{n}__grad_sum = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in info.param_names]
+    lines += [f"{I1}_last = (_T - 1).to(tl.int64) * _N"]
+    lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
+    lines += [f"{I1}for _t in range(0, _T):"]
+    lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
+    lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
+    if info.state_names:
+        lines += [f"{I2}if _HAS_STATE_GRADS:"]
+        for n in info.state_names:
+            lines += [f"{I2}{I1}{n}__grad_next += {_load(f'{n}__grad_states_ptr')}",
+                      f"{I2}{I1}{n}__grad_states_ptr -= _N"]
+    lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
+    lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
+    lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
+    lines += [f"{I2}{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
+    lines += [f"{I2}{p}_ptr -= _N" for p in walking]
+    lines += [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}" for n in info.state_names]
+    lines += [f"{I1}tl.store(params__grad + tl.program_id(0) * {info.num_params} + {k}, "
+              f"tl.sum({n}__grad_sum, axis=0))" for k, n in enumerate(info.param_names)]
+    return "\n".join(lines) + "\n"
+
+
+def kernel_source(cores: Cores, variant: str) -> str:
+    """Source of one multi-step kernel variant."""
+    if variant == "backward":
+        return _backward_kernel(cores)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {variant!r}; variants: {', '.join(VARIANTS)}")
+    return _forward_kernel(cores, variant)
+
+
+def module_source(cores: Cores, header: str) -> str:
+    """A complete Python module: imports, cores, every kernel variant and INFO."""
+    kernels = "\n\n".join(kernel_source(cores, v) for v in VARIANTS)
+    return (f"{header}\n"
+            "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n"
+            "from flexsn_dsl.codegen_triton import FlexSNInfo\n\n"
+            f"INFO = FlexSNInfo(**{cores.info.to_dict()!r})\n\n\n"
+            f"{HEAVISIDE}\n\n"
+            f"{cores.source}\n\n{kernels}")

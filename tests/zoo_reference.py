@@ -1,0 +1,532 @@
+"""Independent, hand-written PyTorch references for the specs in ``neurons/``.
+
+Every neuron of the zoo has here a plain-torch single-step function written from
+the model's equations (not generated from the YAML) and a spike function whose
+surrogate gradient is written out by hand (SpikingJelly's formula for the named
+surrogate; forward is the SpikingJelly Heaviside ``u >= 0``).
+
+This module imports only ``torch``, ``math`` and the standard library, so that it
+stays independent of ``flexsn_dsl``.
+
+Public API
+----------
+``REFERENCES``: ``{name: Reference}``, one per ``neurons/<name>.yaml``.
+``run_reference(name, inputs_seq, params=None, ...)``: run a whole sequence.
+``make_inputs(name, T, shape, seed, dtype)``: the seeded inputs the tests use.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+Number = Union[float, torch.Tensor]
+Params = Mapping[str, Number]
+TensorDict = Dict[str, torch.Tensor]
+
+__all__ = [
+    "Reference",
+    "REFERENCES",
+    "SURROGATE_GRADIENTS",
+    "spike",
+    "run_reference",
+    "make_inputs",
+    "input_seed",
+]
+
+
+# --------------------------------------------------------------------------
+# Surrogate gradients, written by hand (x is the argument of spike).
+# Formulas: SpikingJelly surrogate.py (HEAD) and, for fast_sigmoid / triangle,
+# the language contract (snnTorch fast_sigmoid; alpha*max(0, 1 - alpha*|x|)).
+# --------------------------------------------------------------------------
+
+
+def _sg_sigmoid(x: torch.Tensor, alpha: float = 4.0) -> torch.Tensor:
+    sg = torch.sigmoid(alpha * x)
+    return (1.0 - sg) * sg * alpha
+
+
+def _sg_atan(x: torch.Tensor, alpha: float = 2.0) -> torch.Tensor:
+    return alpha / 2.0 / (1.0 + (math.pi / 2.0 * alpha * x) ** 2)
+
+
+def _sg_piecewise_quadratic(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    g = -(alpha ** 2) * x.abs() + alpha
+    return torch.where(x.abs() > 1.0 / alpha, torch.zeros_like(x), g)
+
+
+def _sg_piecewise_exp(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    return alpha / 2.0 * torch.exp(-alpha * x.abs())
+
+
+def _sg_soft_sign(x: torch.Tensor, alpha: float = 2.0) -> torch.Tensor:
+    return alpha / (2.0 * (1.0 + alpha * x.abs()) ** 2)
+
+
+def _sg_erf(x: torch.Tensor, alpha: float = 2.0) -> torch.Tensor:
+    return torch.exp(-((alpha * x) ** 2)) * (alpha / math.sqrt(math.pi))
+
+
+def _sg_super_spike(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    return alpha / (x.abs() + 1.0) ** 2
+
+
+def _sg_rect(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    return alpha * (x.abs() < 0.5 / alpha).to(x.dtype)
+
+
+def _sg_triangle(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    return alpha * torch.clamp(1.0 - alpha * x.abs(), min=0.0)
+
+
+def _sg_fast_sigmoid(x: torch.Tensor, slope: float = 25.0) -> torch.Tensor:
+    return 1.0 / (slope * x.abs() + 1.0) ** 2
+
+
+def _sg_straight_through(x: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(x)
+
+
+SURROGATE_GRADIENTS: Dict[str, Callable[..., torch.Tensor]] = {
+    "sigmoid": _sg_sigmoid,
+    "atan": _sg_atan,
+    "piecewise_quadratic": _sg_piecewise_quadratic,
+    "piecewise_exp": _sg_piecewise_exp,
+    "soft_sign": _sg_soft_sign,
+    "erf": _sg_erf,
+    "super_spike": _sg_super_spike,
+    "rect": _sg_rect,
+    "triangle": _sg_triangle,
+    "fast_sigmoid": _sg_fast_sigmoid,
+    "straight_through": _sg_straight_through,
+}
+
+
+class _SpikeFn(torch.autograd.Function):
+    """Forward: Heaviside ``u >= 0`` (SpikingJelly). Backward: ``g(u) * grad``."""
+
+    @staticmethod
+    def forward(ctx, u, grad_fn, kwargs):
+        ctx.save_for_backward(u)
+        ctx.grad_fn = grad_fn
+        ctx.kwargs = kwargs
+        return (u >= 0).to(u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (u,) = ctx.saved_tensors
+        return grad_out * ctx.grad_fn(u, **ctx.kwargs), None, None
+
+
+def spike(u: torch.Tensor, surrogate: str = "sigmoid", **kwargs) -> torch.Tensor:
+    """Heaviside spike with the hand-written surrogate gradient ``surrogate``."""
+    return _SpikeFn.apply(u, SURROGATE_GRADIENTS[surrogate], dict(kwargs))
+
+
+# --------------------------------------------------------------------------
+# The Reference record
+# --------------------------------------------------------------------------
+
+StepFn = Callable[[TensorDict, TensorDict, Params], Tuple[TensorDict, TensorDict]]
+
+
+@dataclass
+class Reference:
+    """What the tests need to know about one spec.
+
+    ``step(inputs, states, params) -> (outputs, new_states)`` runs one time step;
+    ``state_init[name](params)`` gives the initial value of a state (a number or a
+    0-dim tensor, broadcast to the input's per-step shape).
+    """
+
+    name: str
+    model: str
+    inputs: Tuple[str, ...]
+    state_init: Dict[str, Callable[[Params], Number]]
+    outputs: Tuple[str, ...]
+    spike_outputs: Tuple[str, ...]
+    params: Dict[str, float]  # every parameter of the spec with its default value
+    learnable: Tuple[str, ...]
+    surrogate: str
+    step: StepFn
+    # per-input uniform range for the tests' random inputs; default (0, 1.5)
+    input_ranges: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def states(self) -> Tuple[str, ...]:
+        return tuple(self.state_init)
+
+    @property
+    def learnable_defaults(self) -> Dict[str, float]:
+        return {k: self.params[k] for k in self.learnable}
+
+    def resolve_params(self, params: Optional[Params] = None) -> Dict[str, Number]:
+        unknown = set(params or {}) - set(self.params)
+        if unknown:
+            raise KeyError(f"{self.name}: unknown parameters {sorted(unknown)}")
+        p: Dict[str, Number] = dict(self.params)
+        p.update(params or {})
+        return p
+
+    def init_states(self, like: torch.Tensor, params: Optional[Params] = None) -> TensorDict:
+        """Initial states with the shape, dtype and device of ``like`` (one step)."""
+        p = self.resolve_params(params)
+        return {k: torch.zeros_like(like) + f(p) for k, f in self.state_init.items()}
+
+    def input_range(self, name: str) -> Tuple[float, float]:
+        return self.input_ranges.get(name, (0.0, 1.5))
+
+
+# --------------------------------------------------------------------------
+# The neurons. Each step takes (inputs, states, params) and returns
+# (outputs, new_states); states not reassigned are carried over by the caller.
+# --------------------------------------------------------------------------
+
+
+def _hard_reset(h, s, v_reset):
+    # v = s * v_reset + (1 - s) * h, with s undetached (SJ detach_reset=False)
+    return (1.0 - s) * h + s * v_reset
+
+
+# --- if: SpikingJelly IFNode, hard reset ----------------------------------
+def _step_if(i, st, p):
+    h = st["v"] + i["x"]
+    s = spike(h - p["v_th"], "sigmoid", alpha=4.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- lif: SpikingJelly LIFNode (decay_input=True), hard reset --------------
+def _step_lif(i, st, p):
+    v = st["v"]
+    h = v + (i["x"] - (v - p["v_reset"])) / p["tau"]
+    s = spike(h - p["v_th"], "sigmoid", alpha=4.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- lif_soft: SJ LIFNode(decay_input=False, v_reset=None, detach_reset=True)
+def _step_lif_soft(i, st, p):
+    v = st["v"]
+    h = v - v / p["tau"] + i["x"]
+    s = spike(h - p["v_th"], "atan", alpha=2.0)
+    return {"s": s}, {"v": h - s.detach() * p["v_th"]}
+
+
+# --- plif: SJ ParametricLIFNode, 1/tau = sigmoid(w), w learnable ---------
+def _step_plif(i, st, p):
+    v = st["v"]
+    inv_tau = torch.sigmoid(torch.as_tensor(p["w"], dtype=v.dtype))
+    h = v + (i["x"] - (v - p["v_reset"])) * inv_tau
+    s = spike(h - p["v_th"], "sigmoid", alpha=4.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- qif: SJ QIFNode defaults ---------------------------------------------
+def _step_qif(i, st, p):
+    v = st["v"]
+    h = v + (i["x"] + p["a0"] * (v - p["v_rest"]) * (v - p["v_c"])) / p["tau"]
+    s = spike(h - p["v_th"], "piecewise_quadratic", alpha=1.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- eif: SJ EIFNode defaults ---------------------------------------------
+def _step_eif(i, st, p):
+    v = st["v"]
+    dT = p["delta_T"]
+    h = v + (i["x"] + p["v_rest"] - v + dT * torch.exp((v - p["theta_rh"]) / dT)) / p["tau"]
+    s = spike(h - p["v_th"], "soft_sign", alpha=2.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- izhikevich: Izhikevich 2003, regular spiking, rescaled ---------------
+# V[mV] = 100 v, U = 100 u, I = 100 x, forward Euler with dt = 1 ms:
+#   v' = 4 v^2 + 5 v + 1.4 - u + x ; u' = a (b v - u)
+#   if v >= v_th (30 mV): v <- c, u <- u + d
+# Order as Norse izhikevich_feed_forward_step: u integrates with the OLD v,
+# the spike tests the integrated v; reset of v by select (no grad through s).
+def _step_izhikevich(i, st, p):
+    v, u = st["v"], st["u"]
+    dt = p["dt"]
+    h = v + dt * (4.0 * v * v + 5.0 * v + 1.4 - u + i["x"])
+    u_int = u + dt * p["a"] * (p["b"] * v - u)
+    s = spike(h - p["v_th"], "super_spike", alpha=1.0)
+    v_new = torch.where(s > 0, torch.zeros_like(h) + p["c"], h)
+    return {"s": s}, {"v": v_new, "u": u_int + p["d"] * s}
+
+
+# --- alif: Bellec et al. 2018 LSNN adaptive threshold ---------------------
+# Norse lsnn_step form (b0 = v_th, b relaxes to v_th, b += beta * z, detached
+# z in reset and adaptation) with the input driving v directly (no synapse).
+def _step_alif(i, st, p):
+    v, b = st["v"], st["b"]
+    h = v + (i["x"] - v) / p["tau_m"]
+    b_dec = b + (p["v_th"] - b) / p["tau_a"]
+    s = spike(h - b_dec, "triangle", alpha=1.0)
+    z = s.detach()
+    v_new = (1.0 - z) * h + z * p["v_reset"]
+    b_new = b_dec + p["beta"] * z
+    return {"s": s}, {"v": v_new, "b": b_new}
+
+
+# --- cuba_lif: SJ CUBALIFNode (rect surrogate), threshold raised ----------
+def _step_cuba_lif(i, st, p):
+    c = st["c"] * p["c_decay"] + i["x"]
+    h = st["v"] * p["v_decay"] + c
+    s = spike(h - p["v_th"], "rect", alpha=1.0)
+    return {"s": s}, {"c": c, "v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- adex: Brette & Gerstner 2005, dimensionless, forward Euler -----------
+#   tau_m v' = -(v - v_rest) + delta_T exp((v - v_T)/delta_T) - w + x
+#   tau_w w' = a (v - v_rest) - w ;  v >= v_th: v <- v_reset, w <- w + b
+# w integrates with the OLD v; exponent capped at 10 (never reached here).
+def _step_adex(i, st, p):
+    v, w = st["v"], st["w"]
+    dt, dT = p["dt"], p["delta_T"]
+    expo = torch.clamp((v - p["v_T"]) / dT, max=10.0)
+    dv = (-(v - p["v_rest"]) + dT * torch.exp(expo) - w + i["x"]) / p["tau_m"]
+    h = v + dt * dv
+    w_int = w + dt * (p["a"] * (v - p["v_rest"]) - w) / p["tau_w"]
+    s = spike(h - p["v_th"], "fast_sigmoid", slope=5.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"]), "w": w_int + p["b"] * s}
+
+
+# --- resonate_fire: Izhikevich 2001 resonate-and-fire --------------------
+# z' = (b + i omega) z + I, integrated exactly over one step (dt = 1):
+# z <- exp(b) * exp(i omega) * z + x ; spike when Im z >= v_th; z <- 0 on spike.
+def _step_resonate_fire(i, st, p):
+    re, im = st["z_re"], st["z_im"]
+    b = torch.as_tensor(p["b"], dtype=re.dtype)
+    om = torch.as_tensor(p["omega"], dtype=re.dtype)
+    r = torch.exp(b)
+    c, sn = torch.cos(om), torch.sin(om)
+    re_new = r * (c * re - sn * im) + i["x"]
+    im_new = r * (sn * re + c * im)
+    s = spike(im_new - p["v_th"], "erf", alpha=2.0)
+    keep = 1.0 - s
+    return {"s": s}, {"z_re": re_new * keep, "z_im": im_new * keep}
+
+
+# --- modulated_lif: SpikingJelly FlexSN tutorial (complicated_lif_core) ----
+def _step_modulated_lif(i, st, p):
+    x, m = i["x"], i["m"]
+    v, rho = st["v"], st["rho"]
+    h = p["beta"] * v + x
+    s1 = spike(h - (rho + 1.0), "atan", alpha=2.0)  # adaptive threshold
+    s2 = spike(h - 1.0, "atan", alpha=2.0)  # fixed threshold
+    rho_new = p["gamma"] * rho + s1
+    v_hard = h * (1.0 - s1)
+    v_soft = h - s2
+    g = torch.sigmoid(m)
+    v_new = v_hard * g + v_soft * (1.0 - g)
+    return {"s1": s1, "s2": s2}, {"v": v_new, "rho": rho_new}
+
+
+# --- klif: SpikingJelly KLIFNode (learnable k, scale_reset=False) ---------
+def _step_klif(i, st, p):
+    v = st["v"]
+    h = v + (i["x"] - (v - p["v_reset"])) / p["tau"]
+    h = torch.relu(p["k"] * h)
+    s = spike(h - p["v_th"], "piecewise_exp", alpha=1.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- leaky: snnTorch Leaky (subtract reset, reset_delay=True) -------------
+def _step_leaky(i, st, p):
+    mem = st["mem"]
+    thr = p["threshold"]
+    r = spike(mem - thr, "atan", alpha=2.0).detach()  # delayed, detached reset
+    beta = torch.clamp(torch.as_tensor(p["beta"], dtype=mem.dtype), 0.0, 1.0)
+    mem_new = beta * mem + i["x"] - r * thr
+    spk = spike(mem_new - thr, "atan", alpha=2.0)
+    return {"spk": spk, "mem": mem_new}, {"mem": mem_new}
+
+
+def _const(v: float) -> Callable[[Params], float]:
+    return lambda p: v
+
+
+def _param(name: str) -> Callable[[Params], Number]:
+    return lambda p: p[name]
+
+
+REFERENCES: Dict[str, Reference] = {}
+
+
+def _add(ref: Reference) -> None:
+    REFERENCES[ref.name] = ref
+
+
+_add(Reference(
+    name="if", model="SpikingJelly IFNode (hard reset)",
+    inputs=("x",), state_init={"v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"v_th": 1.0, "v_reset": 0.0}, learnable=(),
+    surrogate="sigmoid(alpha=4)", step=_step_if,
+))
+_add(Reference(
+    name="lif", model="SpikingJelly LIFNode (decay_input, hard reset)",
+    inputs=("x",), state_init={"v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau": 2.0, "v_th": 1.0, "v_reset": 0.0}, learnable=(),
+    surrogate="sigmoid(alpha=4)", step=_step_lif,
+    input_ranges={"x": (0.0, 2.0)},
+))
+_add(Reference(
+    name="lif_soft", model="SpikingJelly LIFNode(decay_input=False, v_reset=None, detach_reset=True)",
+    inputs=("x",), state_init={"v": _const(0.0)},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau": 2.0, "v_th": 1.0}, learnable=(),
+    surrogate="atan(alpha=2)", step=_step_lif_soft,
+))
+_add(Reference(
+    name="plif", model="SpikingJelly ParametricLIFNode (init_tau=2)",
+    inputs=("x",), state_init={"v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"w": 0.0, "v_th": 1.0, "v_reset": 0.0}, learnable=("w",),
+    surrogate="sigmoid(alpha=4)", step=_step_plif,
+    input_ranges={"x": (0.0, 2.0)},
+))
+_add(Reference(
+    name="qif", model="SpikingJelly QIFNode",
+    inputs=("x",), state_init={"v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau": 2.0, "v_c": 0.8, "a0": 1.0, "v_th": 1.0, "v_rest": 0.0, "v_reset": -0.1},
+    learnable=(), surrogate="piecewise_quadratic(alpha=1)", step=_step_qif,
+))
+_add(Reference(
+    name="eif", model="SpikingJelly EIFNode",
+    inputs=("x",), state_init={"v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau": 2.0, "delta_T": 1.0, "theta_rh": 0.8, "v_th": 1.0, "v_rest": 0.0,
+            "v_reset": -0.1},
+    learnable=(), surrogate="soft_sign(alpha=2)", step=_step_eif,
+))
+_add(Reference(
+    name="izhikevich", model="Izhikevich 2003 (regular spiking), Norse step order, scaled by 1/100",
+    inputs=("x",), state_init={"v": _param("c"), "u": lambda p: p["b"] * p["c"]},
+    outputs=("s",), spike_outputs=("s",),
+    params={"a": 0.02, "b": 0.2, "c": -0.65, "d": 0.08, "v_th": 0.3, "dt": 1.0},
+    learnable=(), surrogate="super_spike(alpha=1)", step=_step_izhikevich,
+))
+_add(Reference(
+    name="alif", model="Bellec et al. 2018 (LSNN) adaptive threshold, Norse lsnn_step form",
+    inputs=("x",), state_init={"v": _param("v_reset"), "b": _param("v_th")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau_m": 2.0, "tau_a": 5.0, "v_th": 0.6, "beta": 0.5, "v_reset": 0.0},
+    learnable=("beta",), surrogate="triangle(alpha=1)", step=_step_alif,
+))
+_add(Reference(
+    name="cuba_lif", model="SpikingJelly CUBALIFNode (threshold raised to 1.5)",
+    inputs=("x",), state_init={"c": _const(0.0), "v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"c_decay": 0.5, "v_decay": 0.75, "v_th": 1.5, "v_reset": 0.0},
+    learnable=(), surrogate="rect(alpha=1)", step=_step_cuba_lif,
+))
+_add(Reference(
+    name="adex", model="Brette & Gerstner 2005 AdEx, dimensionless, forward Euler",
+    inputs=("x",), state_init={"v": _param("v_rest"), "w": _const(0.0)},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau_m": 2.0, "tau_w": 4.0, "v_rest": 0.0, "v_T": 0.6, "delta_T": 0.2,
+            "v_th": 1.0, "v_reset": 0.0, "a": 0.5, "b": 0.3, "dt": 1.0},
+    learnable=("b",), surrogate="fast_sigmoid(slope=5)", step=_step_adex,
+))
+_add(Reference(
+    name="resonate_fire", model="Izhikevich 2001 resonate-and-fire (exact linear step)",
+    inputs=("x",), state_init={"z_re": _const(0.0), "z_im": _const(0.0)},
+    outputs=("s",), spike_outputs=("s",),
+    params={"b": -0.2, "omega": 1.0, "v_th": 1.0},
+    learnable=(), surrogate="erf(alpha=2)", step=_step_resonate_fire,
+))
+_add(Reference(
+    name="modulated_lif", model="SpikingJelly FlexSN tutorial complicated_lif_core (beta=0.5, gamma=0.9)",
+    inputs=("x", "m"), state_init={"v": _const(0.0), "rho": _const(0.0)},
+    outputs=("s1", "s2"), spike_outputs=("s1", "s2"),
+    params={"beta": 0.5, "gamma": 0.9}, learnable=(),
+    surrogate="atan(alpha=2)", step=_step_modulated_lif,
+    input_ranges={"m": (-3.0, 3.0)},
+))
+_add(Reference(
+    name="klif", model="SpikingJelly KLIFNode (learnable k)",
+    inputs=("x",), state_init={"v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau": 2.0, "k": 1.0, "v_th": 1.0, "v_reset": 0.0}, learnable=("k",),
+    surrogate="piecewise_exp(alpha=1)", step=_step_klif,
+    input_ranges={"x": (-1.0, 2.5)},  # negative inputs exercise the relu
+))
+_add(Reference(
+    name="leaky", model="snnTorch Leaky (subtract reset, reset_delay=True, learn_beta)",
+    inputs=("x",), state_init={"mem": _const(0.0)},
+    outputs=("spk", "mem"), spike_outputs=("spk",),
+    params={"beta": 0.8, "threshold": 1.0}, learnable=("beta",),
+    surrogate="atan(alpha=2)", step=_step_leaky,
+))
+
+
+# --------------------------------------------------------------------------
+# Running a sequence
+# --------------------------------------------------------------------------
+
+
+def run_reference(
+    name: str,
+    inputs_seq: Mapping[str, torch.Tensor],
+    params: Optional[Params] = None,
+    states: Optional[Mapping[str, torch.Tensor]] = None,
+    return_state_seqs: bool = False,
+):
+    """Run reference ``name`` over ``inputs_seq`` (``{input: Tensor[T, ...]}``).
+
+    ``params`` override the defaults (floats, or tensors e.g. with requires_grad);
+    ``states`` continue from given states instead of the initial ones.
+    Returns ``(outputs_seq, final_states)``, each ``{name: tensor}`` with outputs
+    stacked to ``[T, ...]``; with ``return_state_seqs=True`` also
+    ``state_seqs`` (``{state: Tensor[T, ...]}``, the states after each step).
+    """
+    ref = REFERENCES[name]
+    missing = set(ref.inputs) - set(inputs_seq)
+    if missing:
+        raise KeyError(f"{name}: missing inputs {sorted(missing)}")
+    p = ref.resolve_params(params)
+    first = inputs_seq[ref.inputs[0]]
+    T = first.shape[0]
+    st: TensorDict = dict(states) if states is not None else ref.init_states(first[0], p)
+    outs: Dict[str, list] = {k: [] for k in ref.outputs}
+    seqs: Dict[str, list] = {k: [] for k in ref.states}
+    for t in range(T):
+        o, new = ref.step({k: inputs_seq[k][t] for k in ref.inputs}, st, p)
+        st = {**st, **new}
+        for k in ref.outputs:
+            outs[k].append(o[k] if k in o else st[k])
+        for k in ref.states:
+            seqs[k].append(st[k])
+    outputs_seq = {k: torch.stack(v) for k, v in outs.items()}
+    if return_state_seqs:
+        return outputs_seq, st, {k: torch.stack(v) for k, v in seqs.items()}
+    return outputs_seq, st
+
+
+def input_seed(name: str, base: int = 0) -> int:
+    """A stable per-spec seed (independent of PYTHONHASHSEED)."""
+    return (zlib.crc32(name.encode()) + base) % (2 ** 31)
+
+
+def make_inputs(
+    name: str,
+    T: int = 8,
+    shape: Sequence[int] = (3, 5),
+    seed: Optional[int] = None,
+    dtype: torch.dtype = torch.float64,
+) -> Dict[str, torch.Tensor]:
+    """Seeded uniform inputs ``{input: Tensor[T, *shape]}`` in each input's range."""
+    ref = REFERENCES[name]
+    gen = torch.Generator().manual_seed(input_seed(name) if seed is None else seed)
+    out = {}
+    for k in ref.inputs:
+        lo, hi = ref.input_range(k)
+        out[k] = lo + (hi - lo) * torch.rand((T, *shape), generator=gen, dtype=dtype)
+    return out
