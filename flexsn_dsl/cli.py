@@ -16,21 +16,44 @@ KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "i
                   "inference", "inference_final_state", "forward", "forward_final_state", "backward")
 
 
-def _specs(paths: Sequence[str]) -> list[Path]:
-    """Spec files named directly or found (recursively, sorted) in folders."""
+def _specs(paths: Sequence[str]) -> tuple[list[Path], list[SpecError]]:
+    """Spec files named directly or found (recursively, sorted) in folders, each once;
+    and a problem for each path that names none."""
     found: list[Path] = []
+    problems: list[SpecError] = []
+    seen: set[Path] = set()
     for raw in paths:
         path = Path(raw)
+        candidates: list[Path] = []
         if path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.suffix in SPEC_SUFFIXES and p.is_file())
-            if not matches:
-                raise SpecError(f"no *.yaml or *.yml spec files in folder {path}", hint="check the path")
-            found += matches
+            candidates = sorted(p for p in path.rglob("*") if p.suffix in SPEC_SUFFIXES and p.is_file())
+            if not candidates:
+                problems.append(SpecError(f"no *.yaml or *.yml spec files in folder {path}",
+                                          hint="give a folder that holds specs, or the spec files themselves"))
         elif path.is_file():
-            found.append(path)
+            candidates = [path]
+        elif path.exists():
+            problems.append(SpecError(f"{path} is not a file or a folder", hint="give a spec file or a folder of specs"))
         else:
-            raise SpecError(f"{path} does not exist", hint="give a spec file or a folder of specs")
-    return found
+            problems.append(SpecError(f"{path} does not exist", hint=_missing_hint(path)))
+        for candidate in candidates:
+            key = candidate.resolve()
+            if key not in seen:
+                seen.add(key)
+                found.append(candidate)
+    return found, problems
+
+
+def _missing_hint(path: Path) -> str:
+    import difflib
+    try:
+        names = sorted(p.name for p in path.parent.iterdir())[:10_000] if path.parent.is_dir() else []
+    except OSError:
+        names = []
+    match = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    if match:
+        return f"did you mean {path.parent / match[0]}?"
+    return "give a spec file or a folder of specs"
 
 
 def _params(items: Sequence[str]) -> dict[str, float]:
@@ -59,8 +82,11 @@ def _warn_plugins(args) -> None:
 
 def cmd_check(args) -> int:
     _warn_plugins(args)
-    failed = 0
-    for path in _specs(args.paths):
+    specs, problems = _specs(args.paths)
+    for problem in problems:
+        print(problem.format(), file=sys.stderr)
+    failed = len(problems)
+    for path in specs:
         try:
             compiled = _compile(path, args)
         except SpecError as exc:
@@ -82,18 +108,36 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 def cmd_build(args) -> int:
     _warn_plugins(args)
     out = Path(args.out)
-    specs = _specs(args.paths)
-    rows, failed = [], 0
+    specs, problems = _specs(args.paths)
+    for problem in problems:
+        print(problem.format(), file=sys.stderr)
+    if specs:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(f"cannot create the output folder {out}: {exc.strerror or exc}",
+                            hint="give -o a folder that can be created and written") from None
+    rows, failed = [], len(problems)
+    built: dict[str, Path] = {}  # neuron name -> the spec it was built from
     for index, path in enumerate(specs, 1):
         print(f"[{index}/{len(specs)}] {path} ...", end="", flush=True, file=sys.stderr)
         start = time.perf_counter()
         try:
             compiled = _compile(path, args)
-            out.mkdir(parents=True, exist_ok=True)
-            kernel_path = out / f"{compiled.model.name}.py"
-            kernel_path.write_text(compiled.triton_source)
-            (out / f"{compiled.model.name}_torch.py").write_text(compiled.torch_source)
-            (out / f"{compiled.model.name}.info.json").write_text(json.dumps(compiled.cores.info.to_dict(), indent=2) + "\n")
+            name = compiled.model.name
+            if name in built:
+                raise SpecError(f"neuron {name!r} is also built from {built[name]}: their files in {out} would "
+                                "overwrite each other", compiled.model.positions.get("neuron"),
+                                "give each spec its own `neuron:` name").with_source(compiled.model.text.splitlines())
+            built[name] = path
+            kernel_path = out / f"{name}.py"
+            try:
+                kernel_path.write_text(compiled.triton_source)
+                (out / f"{name}_torch.py").write_text(compiled.torch_source)
+                (out / f"{name}.info.json").write_text(json.dumps(compiled.cores.info.to_dict(), indent=2) + "\n")
+            except OSError as exc:
+                raise SpecError(f"cannot write to {out}: {exc.strerror or exc}",
+                                hint="give -o a folder that can be written") from None
             compile(compiled.triton_source, str(kernel_path), "exec")  # the module must at least parse
         except SpecError as exc:
             failed += 1
@@ -154,20 +198,40 @@ def cmd_show(args) -> int:
 
 
 def cmd_plugins(args) -> int:
+    """List every plugin, surrogate and pass with where it came from; exit 1 if a plugin is broken."""
     from .plugins import get_plugins
     plugins = get_plugins(args.plugin, warn=False)
-    print("plugins:")
+    if args.json:
+        data = {
+            "plugins": [{"name": name, "from": where} for name, where in plugins.sources],
+            "surrogates": [{"name": s.name, "params": s.params, "gradient": str(s.gradient), "plugin": s.origin,
+                            "description": s.description} for s in sorted(plugins.surrogates.values(),
+                                                                          key=lambda s: s.name)],
+            "passes": [{"name": p.name, "stage": p.stage, "order": p.order, "default": p.default,
+                        "plugin": p.origin, "description": p.description}
+                       for p in sorted(plugins.passes.values(), key=lambda p: p.sort_key)],
+            "errors": [{"plugin": getattr(e, "plugin", None), "message": e.message, "hint": e.hint}
+                       for e in plugins.errors],
+        }
+        print(json.dumps(data, indent=2))
+        return 1 if plugins.errors else 0
+    print("plugins (in load order):")
     for name, where in plugins.sources:
         print(f"  {name}  ({where})")
-    print("surrogates:")
+    print("surrogates (name(defaults)  g(x)  [plugin]):")
     for s in sorted(plugins.surrogates.values(), key=lambda s: s.name):
         params = ", ".join(f"{k}={v:g}" for k, v in s.params.items())
         print(f"  {s.name}({params})  g(x) = {s.gradient}  [{s.origin}]")
-    print("passes:" + ("" if plugins.passes else " none"))
-    for p in sorted(plugins.passes.values(), key=lambda p: (p.stage, p.order, p.name)):
-        print(f"  {p.name}  stage={p.stage} order={p.order}{' default' if p.default else ''}  {p.description}  [{p.origin}]")
+        if s.description:
+            print(f"      {s.description}")
+    print("passes (in run order: stage ir, then source; then order, then name):" + ("" if plugins.passes else " none"))
+    for p in sorted(plugins.passes.values(), key=lambda p: p.sort_key):
+        default = ", on by default" if p.default else ""
+        print(f"  {p.name}  (stage {p.stage}, order {p.order}{default})  [{p.origin}]")
+        if p.description:
+            print(f"      {p.description}")
     for error in plugins.errors:
-        print(f"error: {error.message}", file=sys.stderr)
+        print(f"error: {error.message}" + (f"\n  hint: {error.hint}" if error.hint else ""), file=sys.stderr)
     return 1 if plugins.errors else 0
 
 
@@ -193,6 +257,8 @@ def _parser() -> argparse.ArgumentParser:
     p = command("check", cmd_check, "validate spec files or folders of specs")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
+                   help="enable a code-generation pass for every spec and check that its IR stage runs (repeatable)")
     p = command("build", cmd_build, "validate specs and write their Triton kernels, torch step and FlexSNInfo")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-o", "--out", default="build", help="output folder (default: build)")
@@ -205,7 +271,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
     p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
                    help="enable a code-generation pass (repeatable)")
-    command("plugins", cmd_plugins, "list plugins, surrogates and code-generation passes, with their origin")
+    p = command("plugins", cmd_plugins, "list plugins, surrogates and code-generation passes, with where each "
+                "came from (exit 1 if a plugin is broken)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p = command("bench", cmd_bench, "time the generated kernels against torch loops and peers")
     from .bench import add_arguments
     add_arguments(p)

@@ -12,6 +12,19 @@ def _indent(lines: list[str], depth: int = 1) -> str:
     return "\n".join("    " * depth + line for line in lines)
 
 
+def _surrogate_lines(p: Printer, g: sympy.Expr) -> list[str]:
+    """The body of ``Spike.backward`` after ``x`` is read: common subexpressions of the
+    surrogate gradient computed once (sigmoid's ``alpha * sg * (1 - sg)`` needs one sigmoid)."""
+    if not g.free_symbols:
+        return [f"return grad * x.new_full((), {p(g)})"]
+    try:
+        temps, (reduced,) = sympy.cse([g], symbols=sympy.numbered_symbols("_g", real=True))
+        lines = [f"{sym.name} = {p(expr)}" for sym, expr in temps]
+        return [*lines, f"return grad * ({p(reduced)})"]
+    except (ValueError, TypeError):  # something cse produced that the printer cannot print
+        return [f"return grad * ({p(g)})"]
+
+
 def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
     """Python source defining ``step(...)`` and ``initial_states(...)`` with torch ops."""
     p = Printer(TORCH)
@@ -39,7 +52,7 @@ class Spike(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return grad * ({p(ir.surrogate) if ir.surrogate.free_symbols else f"x.new_full((), {p(ir.surrogate)})"})
+{_indent(_surrogate_lines(p, ir.surrogate), 2)}
 
 
 _spike = Spike.apply

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_SHOWN = 120  # longest source excerpt shown under a message
+
 
 @dataclass(frozen=True)
 class SourcePos:
@@ -51,8 +53,15 @@ class SpecError(Exception):
         where = f"{self.pos}: " if self.pos else ""
         text = f"{where}error: {self.message}"
         if self.source_line is not None and self.pos is not None:
-            shown = self.source_line.rstrip("\n").replace("\t", " ")
-            text += f"\n    {shown}\n    {' ' * (self.pos.col - 1)}^"
+            shown = self.source_line.rstrip("\r\n").replace("\t", " ")
+            caret = max(self.pos.col - 1, 0)
+            if len(shown) > MAX_SHOWN:  # a window around the column, not a megabyte of text
+                start = max(0, min(caret - MAX_SHOWN // 2, len(shown) - MAX_SHOWN))
+                window = shown[start:start + MAX_SHOWN]
+                prefix = "..." if start > 0 else ""
+                suffix = "..." if start + MAX_SHOWN < len(shown) else ""
+                shown, caret = prefix + window + suffix, caret - start + len(prefix)
+            text += f"\n    {shown}\n    {' ' * caret}^"
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text

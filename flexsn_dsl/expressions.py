@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import sympy
+from sympy.logic.boolalg import ITE
 
 from .errors import SourcePos, SpecError
 from .symbolic import Detach, Sigmoid, Spike
@@ -67,8 +69,53 @@ SURROGATE_FUNCTIONS: dict[str, Function] = {
 }
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
+_OTHER_BINOPS = {ast.FloorDiv: "//", ast.Mod: "%", ast.MatMult: "@", ast.LShift: "<<", ast.RShift: ">>",
+                 ast.BitXor: "^"}
 _CMPOPS = {ast.Lt: sympy.StrictLessThan, ast.LtE: sympy.LessThan, ast.Gt: sympy.StrictGreaterThan,
            ast.GtE: sympy.GreaterThan, ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne}
+_GRAMMAR_HINT = "use numbers, names, + - * / **, parentheses and the listed functions"
+# Python syntax outside the language: (what it is called, what to do instead).
+_SYNTAX = {
+    ast.Attribute: ("attribute access (a.b)", _GRAMMAR_HINT),
+    ast.Subscript: ("indexing (a[i])", _GRAMMAR_HINT),
+    ast.Lambda: ("lambda", _GRAMMAR_HINT),
+    ast.JoinedStr: ("an f-string", "write an expression, not text"),
+    ast.IfExp: ("`a if c else b`", "write where(c, a, b)"),
+    ast.NamedExpr: ("`:=`", "assign names on their own step lines"),
+    ast.Tuple: ("a tuple", "write one expression; functions take their arguments in parentheses, f(a, b)"),
+    ast.List: ("a list", "write one expression"),
+    ast.Dict: ("a dict", "write one expression"),
+    ast.Set: ("a set", "write one expression"),
+    ast.ListComp: ("a comprehension", "write one expression"),
+    ast.SetComp: ("a comprehension", "write one expression"),
+    ast.DictComp: ("a comprehension", "write one expression"),
+    ast.GeneratorExp: ("a generator expression", "write one expression"),
+    ast.Starred: ("`*` unpacking", "pass the arguments one by one"),
+    ast.Await: ("await", _GRAMMAR_HINT),
+    ast.Yield: ("yield", _GRAMMAR_HINT),
+    ast.YieldFrom: ("yield", _GRAMMAR_HINT),
+    ast.Slice: ("a slice", _GRAMMAR_HINT),
+}
+# Functions whose result is a Piecewise with a condition on their arguments. sympy folds
+# a Piecewise inside a condition, at a cost exponential in how many there are.
+_CONDITIONAL = ("where", "relu", "min", "max", "clip")
+MAX_CONDITIONALS_IN_CONDITION = 2
+_NOT_FINITE = "is not a finite real number"
+
+
+def _without_ite(expr: sympy.Basic) -> sympy.Basic:
+    """Rewrite ITE(c, a, b) as (c & a) | (~c & b).
+
+    sympy folds a Piecewise inside a condition (e.g. ``where(clip(x, 0, 1) > 0.5, ...)``)
+    into ITE, which is not in the vocabulary of the IR: conditions are comparisons
+    combined with And and Or.
+    """
+    if not expr.has(ITE):
+        return expr
+
+    def rewrite(c, a, b):
+        return sympy.Or(sympy.And(c, a), sympy.And(sympy.Not(c).to_nnf(simplify=False), b))
+    return expr.replace(lambda e: isinstance(e, ITE), lambda e: rewrite(*e.args))
 
 
 def closest(name: str, candidates) -> str:
@@ -82,44 +129,77 @@ class ExpressionParser:
 
     ``env`` maps the names in scope to sympy expressions; ``later`` maps names
     that exist but are not yet usable (assigned further down) to where they are
-    assigned, for a precise message.
+    assigned, for a precise message; ``current`` is the name being defined (a use
+    of it is a self-reference); ``forbidden`` maps names that exist but may not be
+    used here to why (e.g. states in an initial value). After :meth:`parse`,
+    ``nodes`` is the size of the expression's syntax tree.
     """
 
     def __init__(self, env: Mapping[str, sympy.Expr], functions: Mapping[str, Function] = DSL_FUNCTIONS,
-                 later: Mapping[str, SourcePos] | None = None, what: str = "expression"):
+                 later: Mapping[str, SourcePos] | None = None, what: str = "expression",
+                 current: str | None = None, forbidden: Mapping[str, tuple[str, str]] | None = None):
         self.env = env
         self.functions = functions
         self.later = later or {}
         self.what = what
+        self.current = current
+        self.forbidden = forbidden or {}
+        self.nodes = 0
 
     def parse(self, text: str, locate: Callable[[int, int], SourcePos]) -> sympy.Expr:
-        """Parse ``text``; ``locate(lineno, col_offset)`` maps AST positions to the file."""
+        """Parse ``text``; ``locate(line, col)`` maps a place in ``text`` (line 1-based,
+        col a 0-based character offset in that line) to the file."""
         self.locate = locate
+        self.text = text
         if len(text) > MAX_EXPR_CHARS:
-            raise SpecError(f"{self.what} is longer than {MAX_EXPR_CHARS} characters", locate(1, 0),
-                            "split it into several step lines")
-        if not text.strip():
+            raise SpecError(f"{self.what} is {len(text)} characters long, more than the limit of {MAX_EXPR_CHARS}",
+                            locate(1, 0), "split it into several step lines")
+        stripped = text.strip()
+        if not stripped:
             raise SpecError(f"empty {self.what}", locate(1, 0), "write an expression here")
+        self.lead = len(text) - len(text.lstrip())
+        self.lines = stripped.split("\n")
+        bad = next((i for i, ch in enumerate(stripped) if ch == "\x00"), None)
+        if bad is not None:
+            raise SpecError(f"{self.what} contains a NUL character", self._at_index(bad), "remove it")
         try:
-            tree = ast.parse(text.strip(), mode="eval")
+            tree = ast.parse(stripped, mode="eval")
         except SyntaxError as exc:
-            offset = max((exc.offset or 1) - 1, 0)
-            lead = len(text) - len(text.lstrip())
-            raise SpecError(f"syntax error in {self.what}: {exc.msg}", locate(exc.lineno or 1, offset + lead),
-                            "use numbers, names, + - * / **, parentheses and the listed functions") from None
+            pos = self._at(exc.lineno or 1, (exc.offset or 1) - 1, chars=True)
+            message = (exc.msg or "invalid syntax").replace("Perhaps you forgot a comma?", "").rstrip(" .")
+            raise SpecError(f"syntax error in {self.what}: {message}", pos, _GRAMMAR_HINT) from None
         except (RecursionError, MemoryError, ValueError):
             raise SpecError(f"{self.what} is nested too deeply", locate(1, 0),
                             "split it into several step lines") from None
-        self.lead = len(text) - len(text.lstrip())
         self._check_size(tree.body)
-        return self._expr(tree.body)
+        try:
+            expr = self._expr(tree.body)
+        except (RecursionError, MemoryError):
+            raise SpecError(f"{self.what} is too complex", self._pos(tree.body),
+                            "split it into several step lines") from None
+        return expr
 
-    # -- helpers -----------------------------------------------------------
+    # -- positions -----------------------------------------------------------
+    def _at(self, lineno: int, col: int, chars: bool = False) -> SourcePos:
+        """The file position of (line, col) of the stripped text; ``col`` counts UTF-8 bytes
+        (as ``ast`` does) unless ``chars``."""
+        lineno = min(max(lineno, 1), len(self.lines))
+        line_text = self.lines[lineno - 1]
+        if not chars:
+            col = len(line_text.encode("utf-8")[:max(col, 0)].decode("utf-8", "ignore"))
+        col = min(max(col, 0), len(line_text))
+        return self._at_index(sum(len(line) + 1 for line in self.lines[:lineno - 1]) + col)
+
+    def _at_index(self, index: int) -> SourcePos:
+        index += self.lead
+        line = self.text.count("\n", 0, index) + 1
+        return self.locate(line, index - (self.text.rfind("\n", 0, index) + 1))
+
     def _pos(self, node: ast.AST) -> SourcePos:
-        line = getattr(node, "lineno", 1)
-        return self.locate(line, getattr(node, "col_offset", 0) + (self.lead if line == 1 else 0))
+        return self._at(getattr(node, "lineno", 1), getattr(node, "col_offset", 0))
 
     def _check_size(self, root: ast.AST) -> None:
+        """Bound the tree: nodes, and nesting (a chain a + b + c + ... counts as one level)."""
         count = 0
         stack = [(root, 1)]
         while stack:
@@ -131,16 +211,37 @@ class ExpressionParser:
             if count > MAX_EXPR_NODES:
                 raise SpecError(f"{self.what} has more than {MAX_EXPR_NODES} terms", self._pos(root),
                                 "split it into several step lines")
-            stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+            for child in ast.iter_child_nodes(node):
+                chained = isinstance(node, ast.BinOp) and child is node.left and isinstance(child, ast.BinOp)
+                stack.append((child, depth if chained else depth + 1))
+        self.nodes = count
 
     def _fail(self, node: ast.AST, message: str, hint: str = "") -> SpecError:
         return SpecError(message, self._pos(node), hint)
+
+    def _finite(self, node: ast.AST, value: sympy.Expr, what: str = "the value") -> sympy.Expr:
+        """Refuse constants that are infinite, NaN or complex (log(0), sqrt(-1), exp(1000), ...)."""
+        if not value.is_number:
+            return value
+        try:
+            number = complex(value)
+            ok = number.imag == 0 and math.isfinite(number.real)
+        except (OverflowError, TypeError, ValueError, ZeroDivisionError):
+            ok = False
+        if not ok:
+            raise self._fail(node, f"{what} {_NOT_FINITE}",
+                             "check the arguments (log and sqrt need positive numbers; numbers must fit a float64)")
+        return value
 
     # -- grammar -----------------------------------------------------------
     def _expr(self, node: ast.AST) -> sympy.Expr:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
                 raise self._fail(node, f"{node.value!r} is not a number", "only numbers are allowed as literals")
+            if isinstance(node.value, float) and not math.isfinite(node.value):
+                raise self._fail(node, "this number is too large for a float64", "write a smaller number")
+            if isinstance(node.value, int) and abs(node.value) > 1e308:
+                raise self._fail(node, "this number is too large for a float64", "write a smaller number")
             return sympy.Integer(node.value) if isinstance(node.value, int) else sympy.Float(node.value)
         if isinstance(node, ast.Name):
             return self._name(node)
@@ -148,19 +249,14 @@ class ExpressionParser:
             operand = self._expr(node.operand)
             return -operand if isinstance(node.op, ast.USub) else operand
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            left, right = self._expr(node.left), self._expr(node.right)
-            op = _BINOPS[type(node.op)]
-            if op == "+":
-                return left + right
-            if op == "-":
-                return left - right
-            if op == "*":
-                return left * right
-            if op == "/":
-                if right == 0:
-                    raise self._fail(node, "division by zero", "check the denominator")
-                return left / right
-            return left ** right
+            chain = []  # a + b + c + ... is nested to the left: walk it without recursion
+            while isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+                chain.append(node)
+                node = node.left
+            value = self._expr(node)
+            for link in reversed(chain):
+                value = self._binop(link, value, self._expr(link.right))
+            return value
         if isinstance(node, ast.Call):
             return self._call(node)
         if isinstance(node, ast.Compare) or (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr))):
@@ -169,8 +265,48 @@ class ExpressionParser:
         if isinstance(node, ast.BoolOp):
             raise self._fail(node, "`and`/`or` are not part of the language",
                              "combine comparisons with & and | inside where(...), e.g. where((a > 0) & (b < 1), x, y)")
-        raise self._fail(node, f"{type(node).__name__.lower()} syntax is not part of the language",
-                         "use numbers, names, + - * / **, parentheses and the listed functions")
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            raise self._fail(node, "`not` is not part of the language",
+                             "use the opposite comparison inside where(...), e.g. a <= b for not (a > b)")
+        if isinstance(node, ast.UnaryOp):
+            raise self._fail(node, "operator ~ is not part of the language", _GRAMMAR_HINT)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OTHER_BINOPS:
+            op = _OTHER_BINOPS[type(node.op)]
+            raise self._fail(node, f"operator {op} is not part of the language",
+                             "operators are + - * / ** (and & | between comparisons inside where)")
+        name, hint = _SYNTAX.get(type(node), (f"{type(node).__name__} syntax", _GRAMMAR_HINT))
+        raise self._fail(node, f"{name} is not part of the language", hint)
+
+    def _binop(self, node: ast.BinOp, left: sympy.Expr, right: sympy.Expr) -> sympy.Expr:
+        op = _BINOPS[type(node.op)]
+        if op == "+":
+            value = left + right
+        elif op == "-":
+            value = left - right
+        elif op == "*":
+            value = left * right
+        elif op == "/":
+            if right == 0:
+                raise self._fail(node, "division by zero", "check the denominator")
+            value = left / right
+        else:
+            self._check_power(node, left, right)
+            value = left ** right
+        return self._finite(node, value, "the result of this operation")
+
+    def _check_power(self, node: ast.BinOp, base: sympy.Expr, exponent: sympy.Expr) -> None:
+        """Refuse constant powers that would be huge, infinite or complex before sympy computes them."""
+        if not (base.is_Number and exponent.is_Number):
+            return
+        if base == 0 and exponent < 0:
+            raise self._fail(node, "division by zero (0 to a negative power)", "check the base and the exponent")
+        if base < 0 and not exponent.is_Integer:
+            raise self._fail(node, f"a negative number to a non-integer power {_NOT_FINITE}",
+                             "check the base and the exponent")
+        magnitude = abs(float(base))
+        digits = float(exponent) * math.log10(magnitude) if magnitude not in (0.0, 1.0) else 0.0
+        if digits > 308 or digits < -10_000:  # too large for a float64; too small to compute exactly in time
+            raise self._fail(node, "this power is out of the range of a float64", "check the base and the exponent")
 
     def _name(self, node: ast.Name) -> sympy.Expr:
         name = node.id
@@ -178,6 +314,13 @@ class ExpressionParser:
             return self.env[name]
         if name == "pi":
             return sympy.pi
+        if name in self.forbidden:
+            message, hint = self.forbidden[name]
+            raise self._fail(node, message, hint)
+        if name == self.current:
+            raise self._fail(node, f"{name!r} is used in its own definition",
+                             f"to use the previous value of {name!r}, declare it as a state "
+                             f"(states: {{{name}: 0.0}}); otherwise compute it from other names")
         if name in self.later:
             where = self.later[name]
             raise self._fail(node, f"{name!r} is used before it is assigned (it is assigned at line {where.line})",
@@ -197,28 +340,48 @@ class ExpressionParser:
             raise self._fail(node.func, f"unknown function {name!r}",
                              hint or f"functions: {', '.join(sorted(self.functions))}")
         if node.keywords:
-            raise self._fail(node.keywords[0].value, f"{name}() takes no keyword arguments", "pass arguments by position")
+            raise self._fail(node.keywords[0], f"{name}() takes no keyword arguments", "pass arguments by position")
+        starred = next((a for a in node.args if isinstance(a, ast.Starred)), None)
+        if starred is not None:
+            raise self._fail(starred, "`*` unpacking is not part of the language", "pass the arguments one by one")
         if len(node.args) != function.arity:
             raise self._fail(node, f"{name}() takes {function.arity} argument{'s' if function.arity != 1 else ''}, "
                                    f"got {len(node.args)}", f"write {name}({', '.join('abc'[:function.arity])})")
-        if isinstance(node.args[0], ast.Starred):
-            raise self._fail(node.args[0], "starred arguments are not part of the language")
         if function.condition_arg:
             args = [self._condition(node.args[0])] + [self._expr(a) for a in node.args[1:]]
+            in_condition = args[:1]
         else:
             args = [self._expr(a) for a in node.args]
-        return function.build(*args)
+            in_condition = args
+        if name in _CONDITIONAL:
+            count = sum(len(a.atoms(sympy.Piecewise)) for a in in_condition)
+            if count > MAX_CONDITIONALS_IN_CONDITION:
+                raise self._fail(node, f"the condition of this {name}() contains {count} other conditional functions "
+                                       f"({', '.join(_CONDITIONAL)}); at most {MAX_CONDITIONALS_IN_CONDITION} are allowed",
+                                 "give the inner part its own step line (e.g. m: max(a, b)) and use that name here")
+        return self._finite(node, _without_ite(function.build(*args)), f"{name}(...)")
 
     def _condition(self, node: ast.AST):
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
-            left, right = self._condition(node.left), self._condition(node.right)
-            return sympy.And(left, right) if isinstance(node.op, ast.BitAnd) else sympy.Or(left, right)
+            chain = []  # (a > 0) & (b > 0) & ... is nested to the left: walk it without recursion
+            while isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
+                chain.append(node)
+                node = node.left
+            value = self._condition(node)
+            for link in reversed(chain):
+                right = self._condition(link.right)
+                value = sympy.And(value, right) if isinstance(link.op, ast.BitAnd) else sympy.Or(value, right)
+            return value
         if isinstance(node, ast.Compare):
             for op in node.ops:
                 if type(op) not in _CMPOPS:
-                    raise self._fail(node, "only < <= > >= == != comparisons are allowed")
+                    raise self._fail(node, "only < <= > >= == != comparisons are allowed",
+                                     "compare numbers with < <= > >= == != (not `is` or `in`)")
             terms = [self._expr(node.left)] + [self._expr(c) for c in node.comparators]
             parts = [_CMPOPS[type(op)](terms[i], terms[i + 1]) for i, op in enumerate(node.ops)]
             return sympy.And(*parts) if len(parts) > 1 else parts[0]
+        if isinstance(node, ast.BoolOp):
+            raise self._fail(node, "`and`/`or` are not part of the language",
+                             "combine comparisons with & and |, e.g. where((a > 0) & (b < 1), x, y)")
         raise self._fail(node, "the condition of where() must be a comparison",
                          "compare with < <= > >= == != and combine with & and |, e.g. where(v > 0, a, b)")

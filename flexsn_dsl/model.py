@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,10 @@ TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "su
 REQUIRED_KEYS = ("neuron", "states", "step")
 RESERVED_NAMES = frozenset({"pi", "tl", "triton", "libdevice", "torch", "math", "range", "float", *DSL_FUNCTIONS})
 DEFAULT_SURROGATE = "sigmoid"
+MAX_STEP_LINES = 1000
+MAX_SPEC_TERMS = 20_000  # syntax-tree nodes over all expressions of a spec (bounds the time sympy takes)
+# A plain YAML scalar that YAML 1.1 reads as text but everyone means as a number: 1e-3, 5E2.
+_NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
 
 
 @dataclass(frozen=True)
@@ -79,11 +84,34 @@ class NeuronModel:
 
 
 def _locator(node: Node):
+    """Maps (line, col) of a scalar's text (1-based line, 0-based col) to the file."""
+    lines = str(node.value).split("\n")
+
     def locate(line: int, col: int) -> SourcePos:
-        if line <= 1:
-            return node.text_pos(col)
-        return SourcePos(node.pos.file, node.pos.line + line - 1, col + 1)
+        line = min(max(line, 1), len(lines))
+        return node.text_pos(sum(len(text) + 1 for text in lines[:line - 1]) + max(col, 0))
     return locate
+
+
+def _reserved_hint(name: str) -> str:
+    if name in DSL_FUNCTIONS:
+        return f"{name!r} is a function of the language: choose another name, e.g. {name}_v"
+    if name == "pi":
+        return "'pi' is the constant 3.14159...: choose another name"
+    if keyword.iskeyword(name):
+        return f"{name!r} is a Python keyword, which the generated code cannot use: choose another name, e.g. {name}_"
+    return f"{name!r} is used by the generated code: choose another name, e.g. {name}_"
+
+
+_NOT_FINITE = (sympy.zoo, sympy.nan, sympy.oo, -sympy.oo, sympy.I)
+
+
+def _not_finite(expr: sympy.Expr, values: dict) -> bool:
+    """Whether ``expr`` with ``values`` substituted contains an infinity, a NaN or an imaginary part."""
+    try:
+        return expr.xreplace(values).has(*_NOT_FINITE)
+    except (TypeError, ValueError, ZeroDivisionError):  # e.g. "Invalid comparison of non-real zoo"
+        return True
 
 
 def _type_name(node: Node) -> str:
@@ -100,6 +128,9 @@ class _Builder:
         self.file = file
         self.plugins = plugins
         self.declared: dict[str, tuple[str, SourcePos]] = {}  # name -> (kind, pos)
+        self.terms = 0  # syntax-tree nodes parsed so far, over all expressions
+        self.default_input = False  # `inputs` not given: the input is x
+        self.state_names: list[str] = []
 
     # -- small checks ------------------------------------------------------
     def _get(self, key: str) -> Node | None:
@@ -118,7 +149,7 @@ class _Builder:
             raise SpecError(f"{kind} name {name!r} is not a valid identifier", pos,
                             "use letters, digits and single underscores, starting with a letter")
         if (keyword.iskeyword(name) and not allow_keyword) or (name in RESERVED_NAMES and not allow_keyword):
-            raise SpecError(f"{kind} name {name!r} is reserved", pos, "choose another name")
+            raise SpecError(f"{kind} name {name!r} is reserved", pos, _reserved_hint(name))
         if name.startswith("_") or "__" in name:
             raise SpecError(f"{kind} name {name!r} may not start with '_' or contain '__' (reserved for generated code)",
                             pos, "choose another name")
@@ -127,19 +158,37 @@ class _Builder:
     def _declare(self, name: str, kind: str, pos: SourcePos) -> None:
         if name in self.declared:
             other_kind, other_pos = self.declared[name]
+            if other_kind == "input" and self.default_input:
+                raise SpecError(f"{kind} {name!r} collides with the input {name!r} (the default input when "
+                                "`inputs` is not given)", pos,
+                                f"rename the {kind}, or name the inputs yourself, e.g. inputs: [u]")
+            if other_kind == kind:
+                raise SpecError(f"{kind} {name!r} is listed twice (first at line {other_pos.line})", pos,
+                                f"list each {kind} once")
+            if (other_pos.line, other_pos.col) > (pos.line, pos.col):  # point at the later of the two
+                kind, pos, other_kind, other_pos = other_kind, other_pos, kind, pos
             raise SpecError(f"{kind} {name!r} collides with the {other_kind} of the same name (line {other_pos.line})",
-                            pos, "inputs, parameters and states need distinct names")
+                            pos, "inputs, parameters and states need distinct names: rename one of them")
         self.declared[name] = (kind, pos)
 
     def _number(self, node: Node, what: str) -> float:
         value = node.value
+        if node.kind == "scalar" and node.style is None and isinstance(value, str) and _NUMBER_TEXT.fullmatch(value):
+            value = float(value.replace("_", ""))  # 1e-3: YAML 1.1 reads it as text
         if node.kind != "scalar" or isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SpecError(f"{what} must be a number, not {_type_name(node)} {value!r}" if node.kind == "scalar"
+            raise SpecError(f"{what} must be a number, not nothing" if node.kind == "scalar" and value is None
+                            else f"{what} must be a number, not {_type_name(node)} {value!r}" if node.kind == "scalar"
                             else f"{what} must be a number, not a {node.kind}", node.pos,
-                            "write a number such as 1.0 or -0.5")
+                            "write a number such as 1.0 or -0.5" + (" (without quotes)" if node.style else ""))
         if isinstance(value, float) and math.isnan(value):
             raise SpecError(f"{what} is NaN", node.pos, "write a finite number")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float64
+            number = math.inf
+        if not math.isfinite(number):
+            raise SpecError(f"{what} is infinite or too large for a float64", node.pos, "write a finite number")
+        return number
 
     # -- sections ----------------------------------------------------------
     def build(self) -> NeuronModel:
@@ -169,16 +218,38 @@ class _Builder:
         states = self._states(parameters)
         surrogate, surrogate_params = self._surrogate()
         steps, next_states, env, spike_names = self._steps(inputs, parameters, states)
+        self._check_values(parameters, states, steps)
         outputs = self._outputs(env, spike_names)
         passes = self._passes()
         return NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
                            surrogate_params, steps, outputs, next_states, passes,
                            {k: self._key_pos(k) for k in top})
 
+    def _check_values(self, parameters: dict[str, Parameter], states: dict[str, State],
+                      steps: list[Assignment]) -> None:
+        """Expressions that the parameter values make infinite or complex (x / tau with tau: 0)."""
+        values = {real_symbol(p.name): sympy.Float(p.value) for p in parameters.values()}
+
+        def culprits(expr: sympy.Expr, used: dict) -> str:
+            names = sorted(s.name for s in expr.free_symbols if s in used)
+            return ", ".join(f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})" for n in names)
+
+        hint = ("a division by zero, or log/sqrt of a number <= 0: change the parameter value, "
+                "or guard the expression with where(...)")
+        for state in states.values():
+            if state.init.free_symbols and _not_finite(state.init, values):
+                raise SpecError(f"the initial value of state {state.name!r} is not a finite real number with "
+                                f"{culprits(state.init, values)}", state.pos, hint)
+        for step in steps:
+            if any(s in values for s in step.expr.free_symbols) and _not_finite(step.expr, values):
+                raise SpecError(f"step {step.name!r} is not a finite real number with "
+                                f"{culprits(step.expr, values)}", step.pos, hint)
+
     def _inputs(self) -> list[str]:
         node = self._get("inputs")
         if node is None:
             self._declare("x", "input", self.root.pos)
+            self.default_input = True
             return ["x"]
         self._expect(node, "list", "`inputs`", "inputs: [x]")
         if not node.value:
@@ -227,6 +298,7 @@ class _Builder:
         if not node.value:
             raise SpecError("`states` is empty", node.pos, "declare at least one state, e.g. v: 0.0")
         env = {p: real_symbol(p) for p in parameters}
+        self.state_names = [n for n in node.value if n not in parameters]
         out = {}
         for name, value in node.value.items():
             pos = node.key_pos[name]
@@ -244,20 +316,34 @@ class _Builder:
             out[name] = State(name, init, pos)
         return out
 
-    def _expression(self, node: Node, env, what: str, later=None, initial: bool = False) -> sympy.Expr:
+    def _expression(self, node: Node, env, what: str, later=None, initial: bool = False,
+                    current: str | None = None) -> sympy.Expr:
         if node.kind != "scalar" or node.value is None or isinstance(node.value, bool):
             raise SpecError(f"{what} must be a number or an expression, not {_type_name(node)}", node.pos,
                             "write an expression such as `v + x / tau`")
         if isinstance(node.value, (int, float)):
-            return sympy.Integer(node.value) if isinstance(node.value, int) else sympy.Float(node.value)
-        parser = ExpressionParser(env, later=later, what=what)
+            number = self._number(node, what)  # refuses .inf and .nan
+            return sympy.Integer(node.value) if isinstance(node.value, int) else sympy.Float(number)
+        forbidden = {}
+        if initial:
+            kinds = {**{n: "state" for n in self.state_names},
+                     **{n: kind for n, (kind, _) in self.declared.items() if kind != "parameter"}}
+            forbidden = {name: (f"an initial value cannot use the {kind} {name!r}",
+                                "an initial value may use numbers and parameters only")
+                         for name, kind in kinds.items()}
+        parser = ExpressionParser(env, later=later, what=what, current=current, forbidden=forbidden)
         try:
             expr = parser.parse(str(node.value), _locator(node))
         except SpecError as exc:
             if initial and "unknown name" in exc.message:
-                exc.hint = "an initial value may use numbers and parameters only"
+                only = "an initial value may use numbers and parameters only"
+                exc.hint = f"{exc.hint} ({only})" if exc.hint.startswith("did you mean") else only
                 exc.args = (exc.format(),)
             raise
+        self.terms += parser.nodes
+        if self.terms > MAX_SPEC_TERMS:
+            raise SpecError(f"the spec's expressions have more than {MAX_SPEC_TERMS} terms in all", node.pos,
+                            "a neuron needs far fewer: check that this is the right file")
         if initial and (expr.atoms(Spike) or any(f.func.__name__ == "Detach" for f in expr.atoms(sympy.Function))):
             raise SpecError(f"{what} may not use spike() or detach()", node.pos, "use numbers and parameters")
         return expr
@@ -295,6 +381,16 @@ class _Builder:
                 raise SpecError(f"surrogate {name!r} has no parameter {key!r}", node.key_pos[key],
                                 hint or f"its parameters: {known}")
             values[key] = self._number(value, f"surrogate parameter {key!r}")
+        if params and _not_finite(surrogate.gradient, {real_symbol(k): sympy.Float(v) for k, v in values.items()}):
+            defaults = {real_symbol(k): sympy.Float(v) for k, v in surrogate.params.items()}
+            culprit = next((k for k in params
+                            if _not_finite(surrogate.gradient, {**defaults, real_symbol(k): sympy.Float(values[k])})),
+                           None)
+            where = params[culprit].pos if culprit else node.pos
+            shown = ", ".join(f"{k}={v:g}" for k, v in values.items())
+            raise SpecError(f"surrogate {name!r} with {shown} has a gradient that is not a finite real number "
+                            f"(g(x) = {surrogate.gradient})", where,
+                            "choose other parameter values (a division by zero or a negative root here)")
         return surrogate, values
 
     def _steps(self, inputs, parameters, states):
@@ -302,6 +398,10 @@ class _Builder:
         self._expect(node, "mapping", "`step`", "step: {s: spike(v - 1.0)}")
         if not node.value:
             raise SpecError("`step` is empty", node.pos, "write at least one line, e.g. s: spike(v - 1.0)")
+        if len(node.value) > MAX_STEP_LINES:
+            name = list(node.value)[MAX_STEP_LINES]
+            raise SpecError(f"`step` has {len(node.value)} lines, more than the limit of {MAX_STEP_LINES}",
+                            node.key_pos[name], "a neuron needs far fewer: check that this is the right file")
         env: dict[str, sympy.Expr] = {n: real_symbol(n) for n in [*inputs, *parameters, *states]}
         later = {k: node.key_pos[k] for k in node.value if k not in states}
         steps, next_states, spike_names = [], {}, []
@@ -312,7 +412,8 @@ class _Builder:
             if kind in ("input", "parameter"):
                 raise SpecError(f"cannot assign the {kind} {name!r}", pos,
                                 f"a step may assign states and new names; rename this line")
-            expr = self._expression(value, env, f"step {name!r}", later=later)
+            expr = self._expression(value, env, f"step {name!r}", later=later,
+                                    current=None if kind == "state" else name)
             later.pop(name, None)
             if kind == "state":
                 symbol = real_symbol(f"{name}__next")

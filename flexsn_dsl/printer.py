@@ -50,9 +50,9 @@ TORCH = Dialect(
 TRITON = Dialect(
     name="triton",
     functions={sympy.exp: "tl.exp({0})", sympy.log: "tl.log({0})", sympy.Abs: "tl.abs({0})",
-               sympy.sin: "tl.sin({0})", sympy.cos: "tl.cos({0})", sympy.tanh: "libdevice.tanh({0})",
+               sympy.sin: "tl.sin({0})", sympy.cos: "tl.cos({0})", sympy.tanh: "(2.0 * tl.sigmoid(2.0 * ({0})) - 1.0)",
                Sigmoid: "tl.sigmoid({0})", sympy.atan: "libdevice.atan({0})", sympy.erf: "tl.erf({0})",
-               sympy.cosh: "libdevice.cosh({0})", sympy.sinh: "libdevice.sinh({0})"},
+               sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (tl.exp({0}) - tl.exp(-({0}))))"},
     where="tl.where({0}, {1}, {2})",
     spike="_heaviside({0})",
     detach="{0}",
@@ -151,8 +151,10 @@ class Printer:
                 den.append(sympy.Pow(factor.base, -factor.exp))
             elif isinstance(factor, sympy.Rational) and not factor.is_Integer and factor.p == 1:
                 den.append(sympy.Integer(factor.q))
-            else:
+            elif not (factor.is_Number and float(factor) == 1.0):  # a 1.0 factor is a wasted multiplication
                 num.append(factor)
+        if len(num) == 1 and not den:
+            return self._print(num[0], outer)
         num_text = " * ".join(self._print(f, MUL) for f in num) if num else "1.0"
         if not den:
             return self._wrap(num_text, MUL, outer)

@@ -46,6 +46,16 @@ class FlexSN(nn.Module):
         self.states: dict[str, torch.Tensor] = {}
         self.state_seqs: dict[str, torch.Tensor] = {}
         self._triton_error: SpecError | None = None
+        self._plugin_files: tuple[str, ...] = ()
+        self._prepare()
+
+    def _prepare(self) -> None:
+        # Generate the torch step now rather than lazily inside ``forward``: the lazy path
+        # takes a lock (functools.cached_property), which breaks torch.compile graphs.
+        self._compiled.torch_namespace  # noqa: B018 - initial_states() is needed by every backend
+        if self.backend != "torch":
+            from .triton_runtime import register
+            register(self._compiled)
 
     # -- describing ----------------------------------------------------------
     @property
@@ -55,24 +65,38 @@ class FlexSN(nn.Module):
     @property
     def info(self):
         """The FlexSNInfo of the generated Triton kernels."""
-        return self._compiled.cores.info
+        return self._compiled.info
 
     def extra_repr(self) -> str:
         return (f"neuron={self.spec.name!r}, step_mode={self.step_mode!r}, backend={self.backend!r}, "
                 f"surrogate={self.spec.surrogate.name!r}")
 
     # -- pickling / deepcopy: keep the spec, rebuild generated code on demand --
+    # (states are copied detached: a copy does not share the autograd graph of the last call,
+    # and deepcopy/pickle refuse non-leaf tensors)
     def __getstate__(self):
         state = self.__dict__.copy()
         compiled = state.pop("_compiled")
         state["_spec_source"] = (compiled.model.file, compiled.model.text, compiled.values,
                                  [p.name for p in compiled.passes])
+        state["states"] = {k: v.detach() for k, v in self.states.items()}
+        state["state_seqs"] = {k: v.detach() for k, v in self.state_seqs.items()}
         return state
 
     def __setstate__(self, state):
         file, text, values, passes = state.pop("_spec_source")
-        state["_compiled"] = compile_spec(file, text=text, params=values, passes=passes)
+        state.setdefault("_plugin_files", ())
+        state["_compiled"] = compile_spec(file, text=text, params=values, passes=passes,
+                                          plugins=state["_plugin_files"])
         self.__dict__.update(state)
+        self._prepare()
+
+    def _apply(self, fn, recurse=True):
+        # .to()/.double()/.half()/.cuda() move the carried states too, as they would buffers
+        super()._apply(fn, recurse)
+        self.states = {k: fn(v) for k, v in self.states.items()}
+        self.state_seqs = {k: fn(v) for k, v in self.state_seqs.items()}
+        return self
 
     # -- running ---------------------------------------------------------------
     def reset(self) -> None:
@@ -99,9 +123,11 @@ class FlexSN(nn.Module):
         if self.backend == "triton":
             return "triton"
         if x.is_cuda:
+            if torch.compiler.is_compiling():
+                return "torch" if self._triton_error is not None else "triton"
             if self._triton_error is None:
                 try:
-                    self._compiled.cores  # noqa: B018 - lower now to report problems once
+                    self._compiled.triton_module()  # lower now, to report a problem once
                     return "triton"
                 except SpecError as exc:
                     self._triton_error = exc
@@ -147,9 +173,10 @@ class FlexSN(nn.Module):
         params = self._param_values()
         per_step_outputs, per_step_states = [], []
         for t in range(inputs[0].shape[0]):
-            outs, states = step(*(x[t] for x in inputs), *states, **params)
-            states = [_like(s, inputs[0][t]) for s in states]
-            per_step_outputs.append([_like(o, inputs[0][t]) for o in outs])
+            xs = [x[t] for x in inputs]
+            outs, states = step(*xs, *states, **params)
+            states = [_like(s, xs[0]) for s in states]
+            per_step_outputs.append([_like(o, xs[0]) for o in outs])
             if self.store_state_seqs:
                 per_step_states.append(states)
         outputs = [_stack([o[k] for o in per_step_outputs], inputs[0]) for k in range(len(self.spec.outputs))]
@@ -182,13 +209,22 @@ def load(path: str | os.PathLike, params: dict[str, float] | None = None, step_m
     (Python files with ``@flexsn_dsl.hookimpl`` functions); ``passes`` enables
     code-generation passes by name. Raises :class:`flexsn_dsl.SpecError` on a bad spec.
     """
+    plugins = tuple(str(Path(p).expanduser().resolve()) for p in plugins)
     compiled = compile_spec(Path(path), params=params, plugins=plugins, passes=passes)
-    return FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs)
+    return _module(compiled, plugins, step_mode, backend, store_state_seqs)
 
 
 def loads(text: str, params: dict[str, float] | None = None, step_mode: str = "m", backend: str = "auto",
           store_state_seqs: bool = False, plugins: Iterable[str] = (), passes: Iterable[str] = (),
           filename: str = "<string>") -> FlexSN:
     """Like :func:`load`, from spec text."""
+    plugins = tuple(str(Path(p).expanduser().resolve()) for p in plugins)
     compiled = compile_spec(filename, text=text, params=params, plugins=plugins, passes=passes)
-    return FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs)
+    return _module(compiled, plugins, step_mode, backend, store_state_seqs)
+
+
+def _module(compiled: Compiled, plugins: tuple[str, ...], step_mode: str, backend: str,
+            store_state_seqs: bool) -> FlexSN:
+    m = FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs)
+    m._plugin_files = plugins  # so that copies and unpickled modules find the same plugins
+    return m

@@ -15,7 +15,8 @@ import yaml
 from .errors import SourcePos, SpecError
 
 MAX_SPEC_BYTES = 1_000_000
-MAX_NODES = 20_000
+MAX_NODES = 10_000  # YAML values, aliases expanded (a spec has a few dozen)
+MAX_DEPTH = 40  # YAML nesting (a spec needs 3 or 4 levels)
 
 
 @dataclass
@@ -26,6 +27,8 @@ class Node:
     pos: SourcePos
     key_pos: dict[str, SourcePos] = field(default_factory=dict)
     style: str | None = None  # scalar style: None (plain), "'", '"', "|", ">"
+    source: str | None = field(default=None, repr=False)  # the whole spec text (scalars only)
+    span: tuple[int, int] = (0, 0)  # where the scalar's text lies in ``source``
 
     @property
     def kind(self) -> str:
@@ -36,11 +39,58 @@ class Node:
         return "scalar"
 
     def text_pos(self, offset: int) -> SourcePos:
-        """Position of character ``offset`` of a single-line scalar's text."""
-        quote = 1 if self.style in ("'", '"') else 0
-        if self.style in ("|", ">"):
-            return self.pos
-        return SourcePos(self.pos.file, self.pos.line, self.pos.col + quote + offset)
+        """Position of character ``offset`` of a scalar's text (its value, as loaded).
+
+        The value is aligned with the source text, so this works for quoted,
+        multi-line, literal (``|``) and folded (``>``) scalars: indentation,
+        line folding, escapes and quote doubling are accounted for.
+        """
+        if self.source is None or not isinstance(self.value, str):
+            quote = 1 if self.style in ("'", '"') else 0
+            return SourcePos(self.pos.file, self.pos.line, self.pos.col + quote + offset)
+        src, value = self.source, self.value
+        i, end = self.span
+        if self.style in ("|", ">"):  # the text starts on the line after the header
+            newline = src.find("\n", i, end)
+            i = newline + 1 if newline >= 0 else end
+        elif self.style in ("'", '"'):
+            i += 1
+        j = 0
+        while j < offset and i < end and j < len(value):
+            c, s = value[j], src[i]
+            if self.style == "'" and c == "'" and s == "'":
+                i, j = i + 2, j + 1  # '' stands for '
+            elif c == s:
+                i, j = i + 1, j + 1
+            elif s in " \t\r\n":
+                i += 1  # indentation or a folded line break
+            elif c in " \n":
+                j += 1  # a space or newline produced by folding
+            elif self.style == '"' and s == "\\":
+                i, j = i + {"x": 4, "u": 6, "U": 10}.get(src[i + 1:i + 2], 2), j + 1
+            else:
+                i, j = i + 1, j + 1
+        if j >= len(value) or value[j] not in " \t\n":
+            while i < end and src[i] in " \t\r\n":
+                i += 1
+        return self._index_pos(min(i, max(end, self.span[0])))
+
+    def _index_pos(self, index: int) -> SourcePos:
+        """The line and column of ``source[index]``, counted from this node's start."""
+        src, start = self.source, self.span[0]
+        line, col = self.pos.line, self.pos.col
+        k = start
+        while k < index:
+            ch = src[k]
+            if ch == "\r" and src[k + 1:k + 2] == "\n":
+                k += 1
+                continue
+            if ch in "\r\n":
+                line, col = line + 1, 1
+            else:
+                col += 1
+            k += 1
+        return SourcePos(self.pos.file, line, col)
 
 
 def _mark_pos(file: str, mark: Any) -> SourcePos:
@@ -54,43 +104,141 @@ _SAFE_TAGS = {
 }
 
 
+# What a duplicate key means, by the path of the mapping it is in.
+_DUPLICATES = {
+    ("step",): ("{key!r} is assigned twice in `step` (first at line {line})",
+                "each name is assigned at most once per step: give one of the values a new name "
+                "(e.g. {key}2) or merge the two lines"),
+    ("states",): ("state {key!r} is declared twice (first at line {line})", "declare each state once"),
+    ("parameters",): ("parameter {key!r} is declared twice (first at line {line})", "declare each parameter once"),
+    (): ("top-level key {key!r} is given twice (first at line {line})",
+         "give each key once; YAML would silently keep only the last one"),
+}
+
+
 class _Converter:
-    def __init__(self, file: str, loader: yaml.SafeLoader):
+    def __init__(self, file: str, loader: _Loader, text: str):
         self.file = file
         self.loader = loader
+        self.text = text
         self.count = 0
+        self.active: set[int] = set()  # ids of the nodes being converted (recursive aliases)
 
-    def convert(self, node: yaml.Node) -> Node:
+    def convert(self, node: yaml.Node, path: tuple[str, ...] = ()) -> Node:
         self.count += 1
         pos = _mark_pos(self.file, node.start_mark)
         if self.count > MAX_NODES:
             raise SpecError(f"the spec has more than {MAX_NODES} YAML values (alias bomb?)", pos,
                             "write the spec out plainly; aliases that expand hugely are refused")
+        if len(path) > MAX_DEPTH:
+            raise SpecError(f"YAML values are nested more than {MAX_DEPTH} levels deep", pos,
+                            "a spec needs only a few levels: neuron, states, step, ... at the top, "
+                            "then name: value")
+        if id(node) in self.active:
+            raise SpecError("a YAML alias refers to a value that contains it (a recursive alias)", pos,
+                            "write the value out instead of using the alias")
         if node.tag not in _SAFE_TAGS:
-            raise SpecError(f"YAML tag {node.tag!r} is not allowed", pos,
-                            "specs are plain data: remove the tag (no !!python/... or custom tags)")
+            raise _tag_error(node, pos)
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Node] = {}
             key_pos: dict[str, SourcePos] = {}
+            self.active.add(id(node))
             for key_node, value_node in node.value:
                 kpos = _mark_pos(self.file, key_node.start_mark)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise SpecError("YAML merge keys (<<) are not supported", kpos,
+                                    "write the keys out in this mapping")
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in _SAFE_TAGS:
-                    raise SpecError("mapping keys must be plain names", kpos)
+                    raise SpecError("mapping keys must be plain names", kpos,
+                                    "write `name: value`, with a name (not a list, mapping or tagged value) "
+                                    "before the colon")
                 key = self.loader.construct_object(key_node)
                 if key is None or isinstance(key, (list, dict)):
-                    raise SpecError("mapping keys must be plain names", kpos)
+                    raise SpecError("mapping keys must be plain names", kpos,
+                                    "write `name: value`, with a name before the colon")
                 key = str(key)
                 if key in out:
                     first = key_pos[key]
-                    raise SpecError(f"duplicate key {key!r} (first given at line {first.line})", kpos,
-                                    "each key may appear once in a mapping; remove or rename one")
-                out[key] = self.convert(value_node)
+                    message, hint = _DUPLICATES.get(path, ("duplicate key {key!r} (first given at line {line})",
+                                                           "each key may appear once in a mapping; "
+                                                           "remove or rename one"))
+                    raise SpecError(message.format(key=key, line=first.line), kpos, hint.format(key=key))
+                out[key] = self.convert(value_node, path + (key,))
                 key_pos[key] = kpos
+            self.active.discard(id(node))
             return Node(out, pos, key_pos)
         if isinstance(node, yaml.SequenceNode):
-            return Node([self.convert(item) for item in node.value], pos)
+            self.active.add(id(node))
+            items = [self.convert(item, path + ("[]",)) for item in node.value]
+            self.active.discard(id(node))
+            return Node(items, pos)
         value = self.loader.construct_object(node)
-        return Node(value, pos, style=node.style)
+        return Node(value, pos, style=node.style, source=self.text,
+                    span=(node.start_mark.index, node.end_mark.index))
+
+
+def _tag_error(node: yaml.Node, pos: SourcePos) -> SpecError:
+    tag = node.tag
+    if tag == "tag:yaml.org,2002:timestamp":
+        return SpecError(f"YAML reads {node.value!r} as a date", pos,
+                         "write a number, or quote the text if it is meant as text")
+    shown = "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
+    if shown.startswith("!!python/"):
+        return SpecError(f"YAML tag {shown!r} is not allowed: specs never create Python objects or run code",
+                         pos, "remove the tag; a spec is plain data")
+    return SpecError(f"YAML tag {shown!r} is not allowed", pos,
+                     "specs are plain data: remove the tag (no !!python/... or custom tags)")
+
+
+def _yaml_error(exc: yaml.MarkedYAMLError, file: str, text: str) -> SpecError:
+    problem = exc.problem or exc.context or "invalid YAML"
+    context = exc.context or ""
+    mark = exc.problem_mark or exc.context_mark
+    at_end = "end of stream" in problem or "<stream end>" in problem
+    if at_end and exc.context_mark is not None:
+        pos = _mark_pos(file, exc.context_mark)
+        unclosed = {"while scanning a quoted scalar": ("this quoted text is never closed", "add the closing quote"),
+                    "while parsing a flow sequence": ("this [ list is never closed", "add the closing ]"),
+                    "while parsing a flow mapping": ("this { mapping is never closed", "add the closing }")}
+        if context in unclosed:
+            message, hint = unclosed[context]
+            return SpecError(f"YAML syntax error: {message}", pos, hint)
+        return SpecError(f"YAML syntax error: {problem} ({context})", pos,
+                         "check indentation, colons, brackets and quotes from here on")
+    pos = _mark_pos(file, mark) if mark else SourcePos(file, 1, 1)
+    if "another document" in problem:
+        return SpecError("the file holds more than one YAML document", pos,
+                         "one neuron per file: remove the `---` and what follows, or move it to its own file")
+    if "'\\t'" in problem or "\t" in problem:
+        return SpecError("YAML syntax error: a tab character here", pos,
+                         "YAML does not allow tabs here: replace the tab with spaces")
+    if "mapping values are not allowed" in problem:
+        hint = ("a ': ' inside a value starts a mapping: quote the value (e.g. s: \"a: b\"), "
+                "or check the indentation")
+    elif "expected <block end>" in problem:
+        hint = "check the indentation: the keys of one mapping must start in the same column"
+    elif "undefined alias" in problem:
+        hint = "define the anchor (&name) before using the alias (*name), or write the value out"
+    else:
+        hint = "check indentation, colons, brackets and quotes around this place"
+    where = f" ({context} at line {exc.context_mark.line + 1})" if context and exc.context_mark else ""
+    return SpecError(f"YAML syntax error: {problem}{where}", pos, hint)
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, counting values as it composes them (a long flow list stops early)."""
+
+    def __init__(self, text: str, file: str):
+        super().__init__(text)
+        self.file = file
+        self.composed = 0
+
+    def compose_node(self, parent, index):
+        self.composed += 1
+        if self.composed > MAX_NODES:
+            raise SpecError(f"the spec has more than {MAX_NODES} YAML values", _mark_pos(self.file, self.get_mark()),
+                            "a neuron spec has a few dozen values: check that this is the right file")
+        return super().compose_node(parent, index)
 
 
 def _check_tabs(text: str, file: str) -> None:
@@ -105,28 +253,36 @@ def _check_tabs(text: str, file: str) -> None:
 
 def parse_yaml(text: str, file: str = "<string>") -> Node:
     """Parse spec text into a :class:`Node` tree; raise :class:`SpecError` on bad YAML."""
-    if len(text.encode("utf-8", "replace")) > MAX_SPEC_BYTES:
-        raise SpecError(f"spec is larger than {MAX_SPEC_BYTES} bytes", SourcePos(file, 1, 1))
+    size = len(text.encode("utf-8", "replace"))
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f"the spec is {size} bytes, more than the limit of {MAX_SPEC_BYTES}", SourcePos(file, 1, 1),
+                        "a neuron spec is a few dozen lines: check that this is the right file")
     _check_tabs(text, file)
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = _Loader(text, file)  # checks that every character is printable
         root = loader.get_single_node()
         if root is None:
             raise SpecError("the spec is empty", SourcePos(file, 1, 1),
                             "write a mapping with at least `neuron:`, `states:` and `step:`")
-        tree = _Converter(file, loader).convert(root)
+        tree = _Converter(file, loader, text).convert(root)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        pos = _mark_pos(file, mark) if mark else SourcePos(file, 1, 1)
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise SpecError(f"YAML syntax error: {problem}", pos,
-                        "check indentation, colons and quotes around this place") from None
+        raise _yaml_error(exc, file, text) from None
+    except yaml.reader.ReaderError as exc:
+        before = text[:exc.position]
+        pos = SourcePos(file, before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1)
+        raise SpecError(f"the spec contains the control character U+{exc.character:04X}", pos,
+                        "remove it; a spec is plain text") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"YAML error: {exc}", SourcePos(file, 1, 1)) from None
-    except RecursionError:
-        raise SpecError("YAML nesting is too deep", SourcePos(file, 1, 1)) from None
+        raise SpecError(f"YAML error: {exc}", SourcePos(file, 1, 1), "check that the file is a YAML mapping") from None
+    except (RecursionError, MemoryError):
+        pos = _mark_pos(file, loader.get_mark()) if loader else SourcePos(file, 1, 1)
+        raise SpecError("YAML values are nested too deeply", pos,
+                        "a spec needs only a few levels of nesting: close the brackets or reduce the indentation"
+                        ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if tree.kind != "mapping":
         raise SpecError(f"the top level of a spec must be a mapping, not a {tree.kind}", tree.pos,
                         "start the file with `neuron: NAME` and the other keys")

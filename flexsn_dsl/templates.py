@@ -26,7 +26,7 @@ I1, I2 = "    ", "        "
 
 
 def _params_load(info: FlexSNInfo) -> list[str]:
-    return [f"{I1}{name} = tl.load(params + {k}).to(_DTYPE)" for k, name in enumerate(info.param_names)]
+    return [f"{I1}{name} = tl.load(_params + {k}).to(_DTYPE)" for k, name in enumerate(info.param_names)]
 
 
 def _load(ptr: str) -> str:
@@ -41,7 +41,7 @@ def _store(ptr: str, value: str) -> str:
 def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
     lines = ["@triton.jit", f"def {info.neuron}_{name}_kernel("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
-    lines += [f"{I1}_T, _N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr{flags},", "):"]
+    lines += [f"{I1}_T, _N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr{flags},", "):"]
     return lines
 
 
@@ -67,13 +67,13 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     lines = _signature(info, variant, [
         (inputs + [f"{n}__init" for n in info.state_names], "inputs [T, N], initial states [N]"),
         (written + [f"{n}__final" for n in info.state_names], "written"),
-        (["params"] if info.param_names else [], f"learnable parameters {list(info.param_names)}"),
+        (["_params"] if info.param_names else [], f"learnable parameters {list(info.param_names)}"),
     ], "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
     lines += _head() + _params_load(info)
     lines += [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
-    lines += [f"{I1}for _t in range(0, _T):"]
+    lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
     lines += [f"{I2}{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
@@ -90,7 +90,7 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
 def _backward_kernel(cores: Cores) -> str:
     """Reads upstream gradients ``s__grad_out``, ``v__grad_states``, ``v__grad_final`` and the kept
     ``h__saved``, ``x__in``, ``s__out``; writes ``x__grad_in``, ``v__grad_init`` and per-block
-    partial parameter gradients ``params__grad``."""
+    partial parameter gradients ``_params_grad``."""
     info = cores.info
     kept = [f"{n}__saved" for n in info.saved_names] + [f"{n}__in" for n in info.input_names] + \
            [f"{n}__out" for n in info.output_names]
@@ -110,16 +110,16 @@ def _backward_kernel(cores: Cores) -> str:
          "upstream gradients"),
         (kept, "what the forward kept"),
         (grad_in + [f"{n}__grad_init" for n in info.state_names], "written"),
-        (["params", "params__grad"] if info.param_names else [],
+        (["_params", "_params_grad"] if info.param_names else [],
          "learnable parameters; per-block partial gradients [blocks, P]"),
     ], ", _HAS_STATE_GRADS: tl.constexpr")
     lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
     lines += _head() + _params_load(info)
     lines += [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
     lines += [f"{I1}{n}__grad_sum = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in info.param_names]
-    lines += [f"{I1}_last = (_T - 1).to(tl.int64) * _N"]
+    lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
-    lines += [f"{I1}for _t in range(0, _T):"]
+    lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
     lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
     lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
     if info.state_names:
@@ -133,7 +133,7 @@ def _backward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
     lines += [f"{I2}{p}_ptr -= _N" for p in walking]
     lines += [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}" for n in info.state_names]
-    lines += [f"{I1}tl.store(params__grad + tl.program_id(0) * {info.num_params} + {k}, "
+    lines += [f"{I1}tl.store(_params_grad + tl.program_id(0) * {info.num_params} + {k}, "
               f"tl.sum({n}__grad_sum, axis=0))" for k, n in enumerate(info.param_names)]
     return "\n".join(lines) + "\n"
 

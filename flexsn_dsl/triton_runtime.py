@@ -10,6 +10,8 @@ import torch
 from .compiler import Compiled
 
 CPU_BLOCK = 1024
+AUTOTUNE = os.environ.get("FLEXSN_DSL_AUTOTUNE", "0") == "1"  # autotune block sizes (GPU only)
+STAGES = int(os.environ.get("FLEXSN_DSL_STAGES", "0"))        # pipelining stages of the time loop (0: heuristic)
 
 
 def _compute_dtype(dtype: torch.dtype):
@@ -35,23 +37,41 @@ class Kernels:
 
     def kernel(self, variant: str):
         kernel = getattr(self.module, f"{self.name}_{variant}_kernel")
-        return kernel if self.interpret else _tuned(kernel)
+        return _tuned(kernel) if (not self.interpret and AUTOTUNE) else kernel
 
-    def launch(self, variant: str, n: int, args: list, **constexprs) -> None:
-        kernel = self.kernel(variant)
+    def config(self, n: int) -> dict:
+        """Launch meta-parameters: a block size that gives every SM a few programs."""
         if self.interpret:
-            block = min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length()))
-            grid = (triton_cdiv(n, block),)
-            kernel[grid](*args, _BLOCK=block, **constexprs)
-        else:
-            kernel[lambda meta: (triton_cdiv(n, meta["_BLOCK"]),)](*args, **constexprs)
+            return {"_BLOCK": min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), "_STAGES": 1}
+        # Measured on an H200 (BENCHMARKS.md): 1024-wide blocks of 4 warps are within a few percent of
+        # the best config when there are enough neurons; with few neurons (long sequences), small
+        # blocks of one warp and a 4-stage pipelined time loop keep the most loads in flight.
+        sms = _sm_count()
+        block = 1024
+        while block > 64 and triton_cdiv(n, block) < 4 * sms:
+            block //= 2
+        warps = 4 if block >= 512 else (2 if block >= 256 else 1)
+        return {"_BLOCK": block, "num_warps": warps, "_STAGES": STAGES or (2 if block >= 512 else 4)}
+
+    def launch(self, variant: str, n: int, args: list, **constexprs) -> int:
+        """Launch over n neurons; returns the number of programs."""
+        kernel = self.kernel(variant)
+        if not self.interpret and AUTOTUNE:
+            kernel[lambda meta: (triton_cdiv(n, meta["_BLOCK"]),)](*args, _STAGES=STAGES or 2, **constexprs)
+            return triton_cdiv(n, kernel.best_config.kwargs["_BLOCK"])
+        config = self.config(n)
+        grid = (triton_cdiv(n, config["_BLOCK"]),)
+        kernel[grid](*args, **config, **constexprs)
+        return grid[0]
 
     def blocks(self, n: int) -> int:
-        """Number of programs a launch over n neurons uses (for partial parameter gradients)."""
-        if self.interpret:
-            block = min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length()))
-            return triton_cdiv(n, block)
-        return triton_cdiv(n, 16)  # upper bound for any tuned block (>= 16)
+        """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
+        return triton_cdiv(n, 64) if (not self.interpret and AUTOTUNE) else triton_cdiv(n, self.config(n)["_BLOCK"])
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def interpreting() -> bool:
@@ -71,12 +91,12 @@ def triton_cdiv(a: int, b: int) -> int:
 def _tuned(kernel):
     import triton
     configs = [triton.Config({"_BLOCK": b}, num_warps=w) for b, w in
-               ((128, 1), (256, 2), (512, 4), (1024, 4), (2048, 8))]
+               ((64, 2), (128, 2), (256, 2), (512, 4), (1024, 4), (2048, 8))]
     return triton.autotune(configs=configs, key=["_N", "_DTYPE"], reset_to_zero=_zero_args(kernel))(kernel)
 
 
 def _zero_args(kernel) -> list[str] | None:
-    names = [a for a in kernel.arg_names if a == "params__grad"]
+    names = [a for a in kernel.arg_names if a == "_params_grad"]
     return names or None
 
 
@@ -113,63 +133,150 @@ def _forward(kernels: Kernels, xs, inits, params, training: bool, store_seqs: bo
     return [view(o) for o in outs], saved, [view(s) for s in seqs], [f.reshape(shape) for f in finals], flat_x
 
 
+def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, flat_out, params):
+    """Gradients of the inputs, initial states and parameters from the upstream gradients of the
+    outputs, state sequences (when stored) and final states."""
+    info = kernels.info
+    T = shape[0]
+    n = flat_x[0].shape[1] if flat_x[0].dim() == 2 else 0
+    n_out, n_st = info.num_outputs, info.num_states
+    grad_outs = [_flat(g, T) for g in grads[:n_out]]
+    grad_seqs = [_flat(g, T) for g in grads[n_out:n_out + n_st]] if store_seqs else []
+    grad_finals = [g.reshape(-1).contiguous() for g in grads[len(grads) - n_st:]]
+    like = flat_x[0]
+    grad_params = None
+    if T == 0 or n == 0:
+        grad_x = [torch.zeros_like(x) for x in flat_x]
+        grad_init = [g.clone() for g in grad_finals]
+    else:
+        grad_x = [torch.empty_like(x) for x in flat_x]
+        grad_init = [like.new_empty((n,)) for _ in range(n_st)]
+        states_arg = grad_seqs if grad_seqs else grad_finals  # any valid pointer when unused
+        args = [*grad_outs, *states_arg, *grad_finals, *saved, *flat_x, *flat_out, *grad_x, *grad_init]
+        if info.param_names:
+            partial = params.new_zeros((kernels.blocks(n), info.num_params))
+            args += [params, partial]
+        kernels.launch("backward", n, args + [T, n], _DTYPE=_compute_dtype(like.dtype),
+                       _HAS_STATE_GRADS=bool(grad_seqs))
+        if info.param_names:
+            grad_params = partial.sum(0)
+    return [g.reshape(shape) for g in grad_x], [g.reshape(shape[1:]) for g in grad_init], grad_params
+
+
 class _TritonSteps(torch.autograd.Function):
-    """Fused multi-step forward and backward; inputs: params, then inputs, then initial states."""
+    """Fused multi-step forward and backward (eager); inputs: params, then inputs, then initial states."""
 
     @staticmethod
     def forward(ctx, kernels: Kernels, store_seqs: bool, n_inputs: int, params, *tensors):
         xs, inits = list(tensors[:n_inputs]), list(tensors[n_inputs:])
         outs, saved, seqs, finals, flat_x = _forward(kernels, xs, inits, params, True, store_seqs)
-        ctx.kernels, ctx.store_seqs, ctx.n_inputs = kernels, store_seqs, n_inputs
-        ctx.shape, ctx.T = xs[0].shape, xs[0].shape[0]
-        ctx.init_dtypes = [s.dtype for s in inits]
-        ctx.save_for_backward(params, *saved, *flat_x, *[o.reshape(ctx.T, -1) for o in outs])
+        ctx.kernels, ctx.store_seqs, ctx.n_inputs, ctx.n_saved = kernels, store_seqs, n_inputs, len(saved)
+        ctx.shape = xs[0].shape
+        ctx.save_for_backward(params, *saved, *flat_x, *[o.reshape(ctx.shape[0], -1) for o in outs])
         return (*outs, *seqs, *finals)
 
     @staticmethod
     def backward(ctx, *grads):
-        kernels: Kernels = ctx.kernels
-        info = kernels.info
-        T, shape = ctx.T, ctx.shape
-        n = int(torch.Size(shape[1:]).numel())
-        tensors = ctx.saved_tensors
-        params = tensors[0]
-        k = len(info.saved_names)
-        saved, flat_x, flat_out = tensors[1:1 + k], tensors[1 + k:1 + k + ctx.n_inputs], tensors[1 + k + ctx.n_inputs:]
-        n_out, n_st = info.num_outputs, info.num_states
-        grad_outs = [_flat(g, T) for g in grads[:n_out]]
-        grad_seqs = [_flat(g, T) for g in grads[n_out:n_out + n_st]] if ctx.store_seqs else []
-        grad_finals = [g.reshape(-1).contiguous() for g in grads[len(grads) - n_st:]]
-        like = flat_x[0]
-        grad_x = [torch.empty_like(x) for x in flat_x]
-        grad_init = [like.new_empty((n,), dtype=dt) for dt in ctx.init_dtypes]
-        grad_params = None
-        if T == 0 or n == 0:
-            grad_x = [torch.zeros_like(x) for x in flat_x]
-            grad_init = [g.clone() for g in grad_finals]
-        else:
-            states_arg = grad_seqs if grad_seqs else grad_finals  # any valid pointer when unused
-            args = [*grad_outs, *states_arg, *grad_finals, *saved, *flat_x, *flat_out, *grad_x, *grad_init]
-            if info.param_names:
-                partial = params.new_zeros((kernels.blocks(n), info.num_params))
-                args += [params, partial]
-            kernels.launch("backward", n, args + [T, n], _DTYPE=_compute_dtype(like.dtype),
-                           _HAS_STATE_GRADS=bool(grad_seqs))
-            if info.param_names:
-                grad_params = partial.sum(0)
-        grad_x = [g.reshape(shape) for g in grad_x]
-        grad_init = [g.reshape(shape[1:]) for g in grad_init]
+        params, *tensors = ctx.saved_tensors
+        k, n_in = ctx.n_saved, ctx.n_inputs
+        grad_x, grad_init, grad_params = _backward(ctx.kernels, ctx.store_seqs, ctx.shape, grads, tensors[:k],
+                                                   tensors[k:k + n_in], tensors[k + n_in:], params)
         return (None, None, None, grad_params, *grad_x, *grad_init)
+
+
+# -- the same, as custom operators, so that torch.compile(fullgraph=True) treats them as opaque --
+_REGISTRY: dict[str, Compiled] = {}
+
+
+def _kernels_for(key: str, like: torch.Tensor) -> Kernels:
+    return _kernels(_REGISTRY[key], like.device.type)
+
+
+@torch.library.custom_op("flexsn_dsl::fused_forward", mutates_args=())
+def fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
+                  params: torch.Tensor | None) -> list[torch.Tensor]:
+    """Training forward: outputs, saved values, state sequences (if stored), final states."""
+    outs, saved, seqs, finals, _ = _forward(_kernels_for(key, xs[0]), xs, inits, params, True, store_seqs)
+    return [*outs, *saved, *seqs, *finals]
+
+
+@fused_forward.register_fake
+def _fused_forward_fake(key, store_seqs, xs, inits, params):
+    info = _REGISTRY[key].info
+    x = xs[0]
+    T, n = x.shape[0], x[0].numel()
+    return ([x.new_empty(x.shape) for _ in info.output_names] + [x.new_empty((T, n)) for _ in info.saved_names] +
+            ([x.new_empty(x.shape) for _ in info.state_names] if store_seqs else []) +
+            [x.new_empty(x.shape[1:]) for _ in info.state_names])
+
+
+@torch.library.custom_op("flexsn_dsl::fused_backward", mutates_args=())
+def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor], saved: list[torch.Tensor],
+                   xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None) -> list[torch.Tensor]:
+    """Gradients of inputs, initial states, then the parameters (an empty tensor when none)."""
+    shape = xs[0].shape
+    T = shape[0]
+    grad_x, grad_init, grad_params = _backward(_kernels_for(key, xs[0]), store_seqs, shape, grads, saved,
+                                               [_flat(x, T) for x in xs], [_flat(o, T) for o in outs], params)
+    return [*grad_x, *grad_init, grad_params if grad_params is not None else xs[0].new_empty(0)]
+
+
+@fused_backward.register_fake
+def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params):
+    info = _REGISTRY[key].info
+    x = xs[0]
+    return ([x.new_empty(x.shape) for _ in xs] + [x.new_empty(x.shape[1:]) for _ in info.state_names] +
+            [params.new_empty(params.shape) if params is not None else x.new_empty(0)])
+
+
+def _setup_context(ctx, inputs, output):
+    key, store_seqs, xs, inits, params = inputs
+    info = _REGISTRY[key].info
+    n_out, n_saved = info.num_outputs, len(info.saved_names)
+    ctx.key, ctx.store_seqs, ctx.n_inputs, ctx.n_out = key, store_seqs, len(xs), n_out
+    ctx.has_params = params is not None
+    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], *([params] if ctx.has_params else []))
+    ctx.n_saved = n_saved
+
+
+def _fused_autograd(ctx, grads):
+    info = _REGISTRY[ctx.key].info
+    tensors = list(ctx.saved_tensors)
+    params = tensors.pop() if ctx.has_params else None
+    k, n_in = ctx.n_saved, ctx.n_inputs
+    saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:]
+    n_out, n_st = info.num_outputs, info.num_states
+    wanted = list(grads[:n_out]) + (list(grads[n_out + k:n_out + k + n_st]) if ctx.store_seqs else []) + \
+        list(grads[len(grads) - n_st:])
+    templates = outs + (outs[:0] if not ctx.store_seqs else [xs[0]] * n_st) + [xs[0][0]] * n_st
+    wanted = [g if g is not None else torch.zeros_like(t) for g, t in zip(wanted, templates)]
+    result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, params)
+    grad_x, grad_init = result[:n_in], result[n_in:n_in + n_st]
+    return None, None, grad_x, grad_init, (result[-1] if ctx.has_params else None)
+
+
+torch.library.register_autograd("flexsn_dsl::fused_forward", _fused_autograd, setup_context=_setup_context)
+
+
+def register(compiled: Compiled) -> str:
+    """Make a spec's kernels reachable by name from the custom operators (for torch.compile)."""
+    _REGISTRY[compiled.module_name] = compiled
+    return compiled.module_name
 
 
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
                params: dict[str, torch.Tensor], store_seqs: bool):
     """Run T steps with the generated kernels; returns (outputs, final states, state sequences)."""
-    kernels = _kernels(compiled, inputs[0].device.type)
-    info = kernels.info
+    model = compiled.model
     dtype = _torch_compute_dtype(inputs[0].dtype)
     param_vec = torch.stack([params[n].to(device=inputs[0].device, dtype=dtype).reshape(())
-                             for n in info.param_names]) if info.param_names else None
+                             for n in model.learnable]) if model.learnable else None
+    n_out, n_st = len(model.outputs), len(model.states)
+    if torch.compiler.is_compiling():  # opaque custom operators; registered by FlexSN.__init__
+        results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_vec)
+        seqs = list(results[len(results) - 2 * n_st:len(results) - n_st]) if store_seqs else []
+        return list(results[:n_out]), list(results[len(results) - n_st:]), seqs
+    kernels = _kernels(compiled, inputs[0].device.type)
     tensors = [*inputs, *states]
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in tensors) or (param_vec is not None and param_vec.requires_grad))
@@ -178,7 +285,6 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
             outs, _, seqs, finals, _ = _forward(kernels, list(inputs), states, param_vec, False, store_seqs)
         return outs, finals, seqs
     results = _TritonSteps.apply(kernels, store_seqs, len(inputs), param_vec, *tensors)
-    n_out, n_st = info.num_outputs, info.num_states
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
     finals = list(results[len(results) - n_st:])

@@ -1,0 +1,235 @@
+"""The ``flexsn-dsl`` command line, run as users run it: a separate process.
+
+Each subprocess costs a second or two (torch is imported), so several specs go to one
+``check`` call; the per-option sweeps call ``flexsn_dsl.cli.main`` in-process.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flexsn_dsl.cli import KERNEL_CHOICES, main
+
+ROOT = Path(__file__).resolve().parents[1]
+NEURONS = ROOT / "neurons"
+SPECS = sorted([*NEURONS.glob("*.yaml"), *NEURONS.glob("*.yml")])
+NAMES = [yaml.safe_load(p.read_text())["neuron"] for p in SPECS]
+SUBCOMMANDS = ("check", "build", "show", "plugins", "bench")
+
+
+def _env(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXSN_DSL_")}
+    env["FLEXSN_DSL_CACHE"] = str(tmp_path / "cache")
+    return env
+
+
+def run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flexsn_dsl", *map(str, args)], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _takewhile_indented(lines):
+    for line in lines:
+        if not line.startswith(" "):
+            return
+        yield line
+
+
+def no_traceback(proc: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert "internal error" not in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------
+# check
+# --------------------------------------------------------------------------
+def test_check_reports_every_bad_spec_with_file_line_and_column(tmp_path):
+    pwned = tmp_path / "PWNED"
+    specs = {
+        # name: (text, line, col, message)
+        "unknown_name.yaml": ("neuron: n\nstates: {v: 0}\nstep:\n  s: spike(vv)\n", 4, 12, "did you mean 'v'"),
+        "assigned_twice.yaml": ("neuron: n\nstates: {v: 0}\nstep:\n  s: spike(v)\n  v: 1\n  v: 2\n", 6, 3,
+                                "'v' is assigned twice"),
+        "evil.yaml": (f'neuron: !!python/object/apply:os.system ["touch {pwned}"]\n', 1, 9, "not allowed"),
+        "yaml_syntax.yaml": ("neuron: n\nstates: {v: 0\nstep:\n  s: spike(x)\n", 3, 5, "YAML syntax error"),
+        "empty.yaml": ("", 1, 1, "the spec is empty"),
+        "deep.yaml": ("neuron: n\nstates: {v: 0}\nstep:\n  s: " + "(" * 5000 + "x" + ")" * 5000 + "\n", 4, 6,
+                      "more than the limit"),
+        "tab.yml": ("neuron: n\nstates:\n\tv: 0\n", 3, 1, "tab"),
+        "unknown_surrogate.yaml": ("neuron: n\nstates: {v: 0}\nstep: {s: spike(x)}\nsurrogate: atn\n", 4, 12,
+                                   "did you mean 'atan'"),
+    }
+    for name, (text, *_rest) in specs.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "binary.yaml").write_bytes(b"neuron: n\n\xff\n")
+    (tmp_path / "good.yaml").write_text("neuron: good\nstates: {v: 0}\nstep:\n  s: spike(v + x - 1)\n")
+    (tmp_path / "empty_folder").mkdir()
+    missing = tmp_path / "missing.yaml"
+
+    proc = run(tmp_path, "check", *[tmp_path / n for n in specs], tmp_path / "binary.yaml",
+               tmp_path / "good.yaml", missing, tmp_path / "empty_folder")
+    assert proc.returncode == 1, proc.stderr
+    no_traceback(proc)
+    for name, (_text, line, col, message) in specs.items():
+        head = f"{tmp_path / name}:{line}:{col}: error: "
+        assert head in proc.stderr, f"{head}\n{proc.stderr}"
+        rest = proc.stderr.split(head, 1)[1].splitlines()  # the message, then its indented lines
+        block = "\n".join([rest[0]] + [line for line in _takewhile_indented(rest[1:])])
+        assert message in block and "hint: " in block, block
+    assert f"{tmp_path / 'binary.yaml'} is not UTF-8" in proc.stderr
+    assert f"{missing} does not exist" in proc.stderr
+    assert f"no *.yaml or *.yml spec files in folder {tmp_path / 'empty_folder'}" in proc.stderr
+    assert f"ok  {tmp_path / 'good.yaml'}  neuron good" in proc.stdout  # the good one is still checked
+    assert proc.stdout.count("ok  ") == 1
+    assert not pwned.exists()
+
+
+def test_check_the_zoo(tmp_path):
+    proc = run(tmp_path, "check", "neurons/")
+    assert proc.returncode == 0, proc.stderr
+    no_traceback(proc)
+    for path, name in zip(SPECS, NAMES):
+        assert f"ok  {path.relative_to(ROOT)}  neuron {name}:" in proc.stdout
+
+
+# --------------------------------------------------------------------------
+# build
+# --------------------------------------------------------------------------
+def test_build_the_zoo(tmp_path):
+    out = tmp_path / "out"
+    proc = run(tmp_path, "build", "neurons/", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    no_traceback(proc)
+    assert f"{len(SPECS)} built, 0 failed" in proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[2:] if line.strip()}
+    assert sorted(rows) == sorted(NAMES), proc.stdout  # the summary lists every neuron, once
+    for name in NAMES:
+        kernels, torch_step, info = out / f"{name}.py", out / f"{name}_torch.py", out / f"{name}.info.json"
+        assert str(kernels) in rows[name]
+        for source in (kernels, torch_step):
+            ast.parse(source.read_text(), str(source))
+        assert json.loads(info.read_text())
+        assert f"def {name}_forward_kernel" in kernels.read_text()
+    for name in NAMES:  # the generated modules import (Triton kernels run in the interpreter on the CPU)
+        for path in (out / f"{name}.py", out / f"{name}_torch.py"):
+            spec = importlib.util.spec_from_file_location(f"built_{path.stem}", path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{n}{suffix}" for n in NAMES for suffix in (".py", "_torch.py", ".info.json"))
+
+
+def test_build_refuses_two_specs_with_one_name_and_a_bad_output_folder(tmp_path, capsys):
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    for name in ("a.yaml", "b.yaml"):
+        (folder / name).write_text((NEURONS / "lif.yaml").read_text())
+    assert main(["build", str(folder), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"{folder / 'b.yaml'}:1:1: error: neuron 'lif' is also built from {folder / 'a.yaml'}" in err
+    assert "1 built, 1 failed" in err
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["build", str(NEURONS / "lif.yaml"), "-o", str(blocker)]) == 1
+    assert f"cannot create the output folder {blocker}" in capsys.readouterr().err
+
+
+def test_build_and_check_of_missing_things(tmp_path, capsys):
+    assert main(["build", str(tmp_path / "nope.yaml"), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "nope.yaml does not exist" in err and "0 built, 1 failed" in err
+    assert not (tmp_path / "out").exists()
+    assert main(["check", str(NEURONS / "lfi.yaml")]) == 1
+    assert f"hint: did you mean {NEURONS / 'lif.yaml'}?" in capsys.readouterr().err
+    assert main(["check", str(NEURONS / "lif.yaml"), "--param", "tau"]) == 1
+    assert "is not NAME=NUMBER" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# show
+# --------------------------------------------------------------------------
+def test_show_a_kernel(tmp_path):
+    proc = run(tmp_path, "show", "neurons/lif.yaml", "--kernel", "forward")
+    assert proc.returncode == 0, proc.stderr
+    no_traceback(proc)
+    assert proc.stdout.startswith("@triton.jit\ndef lif_forward_kernel(")
+    ast.parse(proc.stdout)
+
+
+@pytest.mark.parametrize("kernel", KERNEL_CHOICES)
+def test_show_every_kernel_choice(kernel, capsys):
+    assert main(["show", str(NEURONS / "alif.yaml"), "--kernel", kernel]) == 0
+    out = capsys.readouterr().out
+    assert out.strip()
+    if kernel == "info":
+        assert json.loads(out)["neuron"] == "alif"
+    elif kernel == "model":
+        assert out.startswith("neuron alif (")
+    else:
+        ast.parse(out)
+
+
+def test_show_a_bad_spec(tmp_path, capsys):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("neuron: n\nstates: {v: 0}\nstep:\n  s: spike(vv)\n")
+    assert main(["show", str(spec), "--kernel", "forward"]) == 1
+    assert f"{spec}:4:12: error: unknown name 'vv'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# help
+# --------------------------------------------------------------------------
+def test_help(tmp_path):
+    proc = run(tmp_path, "--help")
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    for sub in SUBCOMMANDS:
+        assert sub in proc.stdout
+    # every subcommand's --help, through the real entry point in one process
+    script = (
+        "import contextlib, io, json\n"
+        "from flexsn_dsl.cli import main\n"
+        "results = {}\n"
+        f"for sub in {SUBCOMMANDS!r}:\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n"
+        "            main([sub, '--help'])\n"
+        "            code = None\n"
+        "        except SystemExit as exc:\n"
+        "            code = exc.code\n"
+        "    results[sub] = [code, out.getvalue()]\n"
+        "print(json.dumps(results))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    for sub in SUBCOMMANDS:
+        code, text = results[sub]
+        assert code == 0, (sub, text)
+        assert text.startswith(f"usage: flexsn-dsl {sub}"), text
+        assert "--plugin" in text
+    for sub in ("check", "build"):
+        assert "PATH" in results[sub][1] and "--param" in results[sub][1]
+    assert "--out" in results["build"][1]
+    assert "--kernel" in results["show"][1] and "forward_core" in results["show"][1]
+
+
+def test_no_command_prints_usage(capsys):
+    assert main([]) == 2
+    assert "usage: flexsn-dsl" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("flexsn-dsl ")
+    with pytest.raises(SystemExit) as info:
+        main(["show", str(NEURONS / "lif.yaml"), "--kernel", "nope"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
