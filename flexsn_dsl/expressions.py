@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import difflib
 import math
+import operator
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -69,6 +70,7 @@ SURROGATE_FUNCTIONS: dict[str, Function] = {
 }
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
+_OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "**": operator.pow}
 _OTHER_BINOPS = {ast.FloorDiv: "//", ast.Mod: "%", ast.MatMult: "@", ast.LShift: "<<", ast.RShift: ">>",
                  ast.BitXor: "^"}
 _CMPOPS = {ast.Lt: sympy.StrictLessThan, ast.LtE: sympy.LessThan, ast.Gt: sympy.StrictGreaterThan,
@@ -279,26 +281,27 @@ class ExpressionParser:
 
     def _binop(self, node: ast.BinOp, left: sympy.Expr, right: sympy.Expr) -> sympy.Expr:
         op = _BINOPS[type(node.op)]
-        if op == "+":
-            value = left + right
-        elif op == "-":
-            value = left - right
-        elif op == "*":
-            value = left * right
-        elif op == "/":
-            if right == 0:
-                raise self._fail(node, "division by zero", "check the denominator")
-            value = left / right
-        else:
+        if op == "/" and right.is_Number and right.is_zero:
+            raise self._fail(node, "division by zero", "check the denominator")
+        if op == "**":
             self._check_power(node, left, right)
-            value = left ** right
+        try:
+            value = _OPERATORS[op](left, right)
+        except (TypeError, ValueError, ArithmeticError) as exc:
+            raise self._sympy_error(node, exc) from None
         return self._finite(node, value, "the result of this operation")
+
+    def _sympy_error(self, node: ast.AST, exc: Exception) -> SpecError:
+        detail = f" ({exc})" if str(exc) else ""
+        return self._fail(node, f"this expression is not a finite real number for some values{detail}",
+                          "a branch divides by zero or takes log/sqrt of a negative number: "
+                          "guard it with where(...) or change it")
 
     def _check_power(self, node: ast.BinOp, base: sympy.Expr, exponent: sympy.Expr) -> None:
         """Refuse constant powers that would be huge, infinite or complex before sympy computes them."""
         if not (base.is_Number and exponent.is_Number):
             return
-        if base == 0 and exponent < 0:
+        if base.is_zero and exponent < 0:
             raise self._fail(node, "division by zero (0 to a negative power)", "check the base and the exponent")
         if base < 0 and not exponent.is_Integer:
             raise self._fail(node, f"a negative number to a non-integer power {_NOT_FINITE}",
@@ -359,7 +362,11 @@ class ExpressionParser:
                 raise self._fail(node, f"the condition of this {name}() contains {count} other conditional functions "
                                        f"({', '.join(_CONDITIONAL)}); at most {MAX_CONDITIONALS_IN_CONDITION} are allowed",
                                  "give the inner part its own step line (e.g. m: max(a, b)) and use that name here")
-        return self._finite(node, _without_ite(function.build(*args)), f"{name}(...)")
+        try:
+            value = _without_ite(function.build(*args))
+        except (TypeError, ValueError, ArithmeticError) as exc:  # e.g. "Invalid comparison of non-real I"
+            raise self._sympy_error(node, exc) from None
+        return self._finite(node, value, f"{name}(...)")
 
     def _condition(self, node: ast.AST):
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
@@ -370,7 +377,10 @@ class ExpressionParser:
             value = self._condition(node)
             for link in reversed(chain):
                 right = self._condition(link.right)
-                value = sympy.And(value, right) if isinstance(link.op, ast.BitAnd) else sympy.Or(value, right)
+                try:
+                    value = sympy.And(value, right) if isinstance(link.op, ast.BitAnd) else sympy.Or(value, right)
+                except (TypeError, ValueError, ArithmeticError) as exc:
+                    raise self._sympy_error(link, exc) from None
             return value
         if isinstance(node, ast.Compare):
             for op in node.ops:
@@ -378,7 +388,10 @@ class ExpressionParser:
                     raise self._fail(node, "only < <= > >= == != comparisons are allowed",
                                      "compare numbers with < <= > >= == != (not `is` or `in`)")
             terms = [self._expr(node.left)] + [self._expr(c) for c in node.comparators]
-            parts = [_CMPOPS[type(op)](terms[i], terms[i + 1]) for i, op in enumerate(node.ops)]
+            try:
+                parts = [_CMPOPS[type(op)](terms[i], terms[i + 1]) for i, op in enumerate(node.ops)]
+            except (TypeError, ValueError, ArithmeticError) as exc:
+                raise self._sympy_error(node, exc) from None
             return sympy.And(*parts) if len(parts) > 1 else parts[0]
         if isinstance(node, ast.BoolOp):
             raise self._fail(node, "`and`/`or` are not part of the language",

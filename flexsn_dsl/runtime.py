@@ -104,6 +104,12 @@ class FlexSN(nn.Module):
         self.states = {}
         self.state_seqs = {}
 
+    def detach(self) -> None:
+        """Cut the states (and state sequences) from the autograd graph of earlier calls, keeping
+        their values: truncated backpropagation through time across calls."""
+        self.states = {k: v.detach() for k, v in self.states.items()}
+        self.state_seqs = {k: v.detach() for k, v in self.state_seqs.items()}
+
     def _param_values(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.spec.learnable}
 
