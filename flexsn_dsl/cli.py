@@ -33,7 +33,8 @@ def _specs(paths: Sequence[str]) -> tuple[list[Path], list[SpecError]]:
         elif path.is_file():
             candidates = [path]
         elif path.exists():
-            problems.append(SpecError(f"{path} is not a file or a folder", hint="give a spec file or a folder of specs"))
+            problems.append(SpecError(f"{path} is not a file or a folder",
+                                      hint="give a spec file or a folder of specs"))
         else:
             problems.append(SpecError(f"{path} does not exist", hint=_missing_hint(path)))
         for candidate in candidates:

@@ -7,6 +7,7 @@ with the position of the offending token.
 from __future__ import annotations
 
 import ast
+import contextvars
 import difflib
 import math
 import operator
@@ -24,8 +25,74 @@ MAX_EXPR_NODES = 2000
 MAX_EXPR_DEPTH = 60
 
 
+MAX_CONDITION_NODES = 20_000  # nodes that conditions may expand into, per spec (see _unfold)
+_BUDGET: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("flexsn_dsl_condition_budget",
+                                                                           default=None)
+
+
+class TooManyCases(ValueError):
+    """Conditions that would expand into more than MAX_CONDITION_NODES nodes."""
+
+
+def _size(expr, memo: dict) -> int:
+    """The number of nodes of ``expr`` as a tree (shared subtrees counted each time), memoized."""
+    key = id(expr)
+    if key not in memo:  # the value keeps ``expr`` alive, so its id is not reused meanwhile
+        memo[key] = (expr, 1 + sum(_size(arg, memo) for arg in expr.args))
+    return memo[key][1]
+
+
+def _fold_constant_calls(expr: sympy.Basic) -> sympy.Basic:
+    """spike/detach/sigmoid of constants as numbers (sympy loops on them inside comparisons)."""
+    def constant_call(e):
+        return isinstance(e, (Spike, Detach, Sigmoid)) and e.args[0].is_number
+
+    def fold(e):
+        a = e.args[0]
+        return _heaviside(a) if isinstance(e, Spike) else a if isinstance(e, Detach) else 1 / (1 + sympy.exp(-a))
+    return expr.replace(constant_call, fold) if expr.has(Spike, Detach, Sigmoid) else expr
+
+
+def _unfold(cond, budget: list[int] | None = None, memo: dict | None = None):
+    """``cond`` without Piecewise inside: ``P < b`` becomes ``(c1 & (e1 < b)) | (~c1 & c2 & (e2 < b)) | ...``.
+
+    A Piecewise inside a condition (``where(clip(x, 0, 1) > 0.5, ...)``, ``max(relu(a), b)``)
+    is otherwise folded by sympy, which simplifies the result at a cost exponential in the
+    number of comparisons (a few nested clips take minutes) and leaves ITE, which the IR
+    does not have. This expansion is plain rewriting; its size is charged to ``budget``
+    (the parser's, else MAX_CONDITION_NODES) and TooManyCases is raised when it runs out.
+    """
+    if not isinstance(cond, sympy.Basic) or not cond.has(sympy.Piecewise):
+        return cond
+    if budget is None:
+        budget = _BUDGET.get() or [MAX_CONDITION_NODES]
+    memo = {} if memo is None else memo
+    if isinstance(cond, (sympy.And, sympy.Or)):
+        return cond.func(*[_unfold(arg, budget, memo) for arg in cond.args])
+    if isinstance(cond, sympy.Not):
+        return sympy.Not(_unfold(cond.args[0], budget, memo)).to_nnf(simplify=False)
+    inner = next(e for e in sympy.preorder_traversal(cond) if isinstance(e, sympy.Piecewise))
+    branches, earlier = [], []
+    for expr, case in inner.args:
+        case = _unfold(case, budget, memo)
+        rest = _unfold(_fold_constant_calls(cond.xreplace({inner: expr})), budget, memo)
+        budget[0] -= 1 + _size(case, memo) + sum(_size(c, memo) for c in earlier) + _size(rest, memo)
+        if budget[0] < 0:
+            raise TooManyCases(f"conditions would expand into more than {MAX_CONDITION_NODES} terms")
+        guard = sympy.And(case, *[sympy.Not(c).to_nnf(simplify=False) for c in earlier])
+        branches.append(sympy.And(guard, rest))
+        earlier.append(case)
+    return sympy.Or(*branches)
+
+
 def _piecewise(*pairs) -> sympy.Expr:
-    return sympy.Piecewise(*pairs)
+    return sympy.Piecewise(*[(expr, _unfold(cond)) for expr, cond in pairs])
+
+
+def _heaviside(a: sympy.Expr) -> sympy.Expr:
+    """spike() of a constant (e.g. spike(pi - 3)): 1 or 0. Left as Spike(pi - 3), sympy loops
+    forever when such a term meets a comparison."""
+    return sympy.Integer(1) if bool(a >= 0) else sympy.Integer(0)
 
 
 @dataclass(frozen=True)
@@ -45,14 +112,14 @@ DSL_FUNCTIONS: dict[str, Function] = {
     "sin": Function(1, sympy.sin),
     "cos": Function(1, sympy.cos),
     "tanh": Function(1, sympy.tanh),
-    "sigmoid": Function(1, Sigmoid),
+    "sigmoid": Function(1, lambda a: 1 / (1 + sympy.exp(-a)) if a.is_number else Sigmoid(a)),
     "relu": Function(1, lambda a: _piecewise((a, a > 0), (0, True))),
     "min": Function(2, lambda a, b: _piecewise((a, a <= b), (b, True))),
     "max": Function(2, lambda a, b: _piecewise((a, a >= b), (b, True))),
     "clip": Function(3, lambda a, lo, hi: _piecewise((lo, a < lo), (hi, a > hi), (a, True))),
     "where": Function(3, lambda c, a, b: _piecewise((a, c), (b, True)), condition_arg=True),
-    "spike": Function(1, Spike),
-    "detach": Function(1, Detach),
+    "spike": Function(1, lambda a: _heaviside(a) if a.is_number else Spike(a)),
+    "detach": Function(1, lambda a: a if a.is_number else Detach(a)),
 }
 
 # Extra names accepted in surrogate gradient formulas (sympy spellings).
@@ -98,10 +165,8 @@ _SYNTAX = {
     ast.YieldFrom: ("yield", _GRAMMAR_HINT),
     ast.Slice: ("a slice", _GRAMMAR_HINT),
 }
-# Functions whose result is a Piecewise with a condition on their arguments. sympy folds
-# a Piecewise inside a condition, at a cost exponential in how many there are.
+# Functions whose result is a Piecewise with a condition on their arguments.
 _CONDITIONAL = ("where", "relu", "min", "max", "clip")
-MAX_CONDITIONALS_IN_CONDITION = 2
 _NOT_FINITE = "is not a finite real number"
 
 
@@ -133,19 +198,22 @@ class ExpressionParser:
     that exist but are not yet usable (assigned further down) to where they are
     assigned, for a precise message; ``current`` is the name being defined (a use
     of it is a self-reference); ``forbidden`` maps names that exist but may not be
-    used here to why (e.g. states in an initial value). After :meth:`parse`,
-    ``nodes`` is the size of the expression's syntax tree.
+    used here to why (e.g. states in an initial value); ``budget`` is a one-item list
+    of the condition terms left (see ``_unfold``), shared to bound a whole spec. After
+    :meth:`parse`, ``nodes`` is the size of the expression's syntax tree.
     """
 
     def __init__(self, env: Mapping[str, sympy.Expr], functions: Mapping[str, Function] = DSL_FUNCTIONS,
                  later: Mapping[str, SourcePos] | None = None, what: str = "expression",
-                 current: str | None = None, forbidden: Mapping[str, tuple[str, str]] | None = None):
+                 current: str | None = None, forbidden: Mapping[str, tuple[str, str]] | None = None,
+                 budget: list[int] | None = None):
         self.env = env
         self.functions = functions
         self.later = later or {}
         self.what = what
         self.current = current
         self.forbidden = forbidden or {}
+        self.budget = budget if budget is not None else [MAX_CONDITION_NODES]
         self.nodes = 0
 
     def parse(self, text: str, locate: Callable[[int, int], SourcePos]) -> sympy.Expr:
@@ -174,11 +242,14 @@ class ExpressionParser:
             raise SpecError(f"{self.what} is nested too deeply", locate(1, 0),
                             "split it into several step lines") from None
         self._check_size(tree.body)
+        token = _BUDGET.set(self.budget)
         try:
             expr = self._expr(tree.body)
         except (RecursionError, MemoryError):
             raise SpecError(f"{self.what} is too complex", self._pos(tree.body),
                             "split it into several step lines") from None
+        finally:
+            _BUDGET.reset(token)
         return expr
 
     # -- positions -----------------------------------------------------------
@@ -352,18 +423,15 @@ class ExpressionParser:
                                    f"got {len(node.args)}", f"write {name}({', '.join('abc'[:function.arity])})")
         if function.condition_arg:
             args = [self._condition(node.args[0])] + [self._expr(a) for a in node.args[1:]]
-            in_condition = args[:1]
         else:
             args = [self._expr(a) for a in node.args]
-            in_condition = args
-        if name in _CONDITIONAL:
-            count = sum(len(a.atoms(sympy.Piecewise)) for a in in_condition)
-            if count > MAX_CONDITIONALS_IN_CONDITION:
-                raise self._fail(node, f"the condition of this {name}() contains {count} other conditional functions "
-                                       f"({', '.join(_CONDITIONAL)}); at most {MAX_CONDITIONALS_IN_CONDITION} are allowed",
-                                 "give the inner part its own step line (e.g. m: max(a, b)) and use that name here")
         try:
             value = _without_ite(function.build(*args))
+        except TooManyCases as exc:
+            raise self._fail(node, f"the condition of this {name}() nests too many conditional functions "
+                                   f"({', '.join(_CONDITIONAL)}): {exc}",
+                             "give the inner part its own step line (e.g. m: max(a, b)) and use that name here"
+                             ) from None
         except (TypeError, ValueError, ArithmeticError) as exc:  # e.g. "Invalid comparison of non-real I"
             raise self._sympy_error(node, exc) from None
         return self._finite(node, value, f"{name}(...)")

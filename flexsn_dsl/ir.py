@@ -14,7 +14,7 @@ import sympy
 
 from .errors import SourcePos, SpecError
 from .expressions import closest
-from .model import NeuronModel
+from .model import NeuronModel, check_values
 from .symbolic import real_symbol
 
 
@@ -61,6 +61,14 @@ def resolve_params(model: NeuronModel, overrides: dict[str, float] | None) -> di
             values[name] = float(value)
         except (TypeError, ValueError):
             raise SpecError(f"params[{name!r}] must be a number, got {value!r}") from None
+    if overrides:
+        lines = model.text.splitlines()
+        try:
+            check_values(model.states, model.steps, values,
+                         lambda n: f"{n} = {values[n]:g} (" + ("params=" if n in overrides else
+                                                               f"line {model.parameters[n].pos.line}") + ")")
+        except SpecError as exc:
+            raise exc.with_source(lines) from None
     return values
 
 

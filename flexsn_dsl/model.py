@@ -15,7 +15,7 @@ from pathlib import Path
 import sympy
 
 from .errors import SourcePos, SpecError
-from .expressions import DSL_FUNCTIONS, ExpressionParser, closest
+from .expressions import DSL_FUNCTIONS, MAX_CONDITION_NODES, ExpressionParser, closest
 from .plugins import Plugins, Surrogate
 from .source import Node, parse_yaml
 from .symbolic import Spike, real_symbol
@@ -129,6 +129,7 @@ class _Builder:
         self.plugins = plugins
         self.declared: dict[str, tuple[str, SourcePos]] = {}  # name -> (kind, pos)
         self.terms = 0  # syntax-tree nodes parsed so far, over all expressions
+        self.condition_budget = [MAX_CONDITION_NODES]  # shared by all expressions of the spec
         self.default_input = False  # `inputs` not given: the input is x
         self.state_names: list[str] = []
 
@@ -218,32 +219,13 @@ class _Builder:
         states = self._states(parameters)
         surrogate, surrogate_params = self._surrogate()
         steps, next_states, env, spike_names = self._steps(inputs, parameters, states)
-        self._check_values(parameters, states, steps)
+        check_values(states, steps, {p.name: p.value for p in parameters.values()},
+                     lambda n: f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})")
         outputs = self._outputs(env, spike_names)
         passes = self._passes()
         return NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
                            surrogate_params, steps, outputs, next_states, passes,
                            {k: self._key_pos(k) for k in top})
-
-    def _check_values(self, parameters: dict[str, Parameter], states: dict[str, State],
-                      steps: list[Assignment]) -> None:
-        """Expressions that the parameter values make infinite or complex (x / tau with tau: 0)."""
-        values = {real_symbol(p.name): sympy.Float(p.value) for p in parameters.values()}
-
-        def culprits(expr: sympy.Expr, used: dict) -> str:
-            names = sorted(s.name for s in expr.free_symbols if s in used)
-            return ", ".join(f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})" for n in names)
-
-        hint = ("a division by zero, or log/sqrt of a number <= 0: change the parameter value, "
-                "or guard the expression with where(...)")
-        for state in states.values():
-            if state.init.free_symbols and _not_finite(state.init, values):
-                raise SpecError(f"the initial value of state {state.name!r} is not a finite real number with "
-                                f"{culprits(state.init, values)}", state.pos, hint)
-        for step in steps:
-            if any(s in values for s in step.expr.free_symbols) and _not_finite(step.expr, values):
-                raise SpecError(f"step {step.name!r} is not a finite real number with "
-                                f"{culprits(step.expr, values)}", step.pos, hint)
 
     def _inputs(self) -> list[str]:
         node = self._get("inputs")
@@ -331,7 +313,8 @@ class _Builder:
             forbidden = {name: (f"an initial value cannot use the {kind} {name!r}",
                                 "an initial value may use numbers and parameters only")
                          for name, kind in kinds.items()}
-        parser = ExpressionParser(env, later=later, what=what, current=current, forbidden=forbidden)
+        parser = ExpressionParser(env, later=later, what=what, current=current, forbidden=forbidden,
+                                  budget=self.condition_budget)
         try:
             expr = parser.parse(str(node.value), _locator(node))
         except SpecError as exc:
@@ -468,6 +451,26 @@ class _Builder:
                 raise SpecError(f"unknown code-generation pass {item.value!r}", item.pos, hint or f"passes: {known}")
             names.append(item.value)
         return names
+
+
+def check_values(states, steps, values: dict[str, float], describe) -> None:
+    """Refuse expressions that these parameter values make infinite or complex (x / tau with tau: 0);
+    ``describe(name)`` says where a value came from."""
+    symbols = {real_symbol(n): sympy.Float(v) for n, v in values.items()}
+
+    def culprits(expr: sympy.Expr) -> str:
+        return ", ".join(describe(n) for n in sorted(s.name for s in expr.free_symbols if s in symbols))
+
+    hint = ("a division by zero, or log/sqrt of a number <= 0: change the parameter value, "
+            "or guard the expression with where(...)")
+    for state in (states.values() if isinstance(states, dict) else states):
+        if state.init.free_symbols and _not_finite(state.init, symbols):
+            raise SpecError(f"the initial value of state {state.name!r} is not a finite real number with "
+                            f"{culprits(state.init)}", state.pos, hint)
+    for step in steps:
+        if any(s in symbols for s in step.expr.free_symbols) and _not_finite(step.expr, symbols):
+            raise SpecError(f"step {step.name!r} is not a finite real number with {culprits(step.expr)}",
+                            step.pos, hint)
 
 
 def build_model(text: str, file: str, plugins: Plugins) -> NeuronModel:

@@ -108,6 +108,10 @@ class Printer:
             op = _CMP[type(e)]
             return self._wrap(f"{self._print(e.lhs, CMP + 1)} {op} {self._print(e.rhs, CMP + 1)}", CMP, outer)
         if isinstance(e, (sympy.And, sympy.Or)):
+            if self.dialect is TRITON:  # as int8: the interpreter cannot combine a scalar (parameter) bool
+                joiner = " & " if isinstance(e, sympy.And) else " | "
+                return self._wrap("(" + joiner.join(f"({self._print(a, 0)}).to(tl.int8)" for a in e.args) + ") != 0",
+                                  CMP, outer)
             joiner, prec = (" & ", AND) if isinstance(e, sympy.And) else (" | ", OR)
             return self._wrap(joiner.join(f"({self._print(a, 0)})" for a in e.args), prec, outer)
         if isinstance(e, Spike):

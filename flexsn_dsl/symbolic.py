@@ -13,8 +13,8 @@ class Spike(sympy.Function):
 
     @classmethod
     def eval(cls, u):
-        if u.is_Number:
-            return S.One if u >= 0 else S.Zero
+        if u.is_number and u.is_real is not False:  # a constant argument, pi - 3 included
+            return S.One if bool(sympy.N(u) >= 0) else S.Zero
         return None
 
     def fdiff(self, argindex=1):
@@ -39,7 +39,7 @@ class Detach(sympy.Function):
 
     @classmethod
     def eval(cls, u):
-        if u.is_Number:
+        if u.is_number:
             return u
         return None
 

@@ -157,3 +157,33 @@ def test_bench_runs_on_cpu(tmp_path, capsys):
     inference = [r for r in rows if r["mode"] == "inference"]
     assert all(r["max_abs_diff"] == 0.0 and r["ms"] > 0 and r["floor_ms"] > 0 for r in inference)
     assert "flexsn-dsl" in capsys.readouterr().out
+
+
+CONSTANT_FOLDING = [
+    # spike()/detach() of a line that folds to a constant
+    "neuron: t\nstates: {v: 0.0}\nstep: {u: pi, s: 'spike(u - 3)', v: v + x * s}\noutputs: [s, v]\n",
+    "neuron: t\nstates: {v: 0.0}\nstep: {u: pi, s: spike(x), v: x + detach(u)}\noutputs: [s, v]\n",
+    # a condition on a learnable parameter (a scalar in the kernels) combined with a tensor condition
+    "neuron: t\nparameters: {w: {value: 0.5, learnable: true}}\nstates: {v: 0.0}\nstep:\n"
+    "  v: where((w > 0) & (v < 0) | (x > w), x * w, 2.0 * x)\n  s: spike(v - 1.5)\noutputs: [s, v]\n",
+]
+
+
+@pytest.mark.parametrize("text", CONSTANT_FOLDING)
+def test_constants_and_scalar_conditions_agree_across_backends(text):
+    x = (torch.randn(4, 6, dtype=torch.float64) * 2).requires_grad_()
+    results = []
+    for backend in ("torch", "triton"):
+        m = flexsn_dsl.loads(text, backend=backend).double()
+        s, v = m(x)
+        grads = torch.autograd.grad((s * 2 + v).sum(), [x, *m.parameters()])
+        results.append([s, v, *grads])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_overridden_parameters_are_checked_like_written_ones():
+    text = "neuron: t\nparameters: {tau: 2.0}\nstates: {v: 0.0}\nstep:\n  s: spike(v + x / tau)\n"
+    with pytest.raises(flexsn_dsl.SpecError) as err:
+        flexsn_dsl.loads(text, params={"tau": 0.0}, filename="t.yaml")
+    assert err.value.line == 5 and "tau = 0 (params=)" in err.value.message
