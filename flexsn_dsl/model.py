@@ -352,9 +352,7 @@ class _Builder:
         surrogate = self.plugins.surrogate(name)
         if surrogate is None:
             hint = closest(name, self.plugins.surrogates)
-            broken = [e.message for e in self.plugins.errors]
-            extra = f" (plugins that failed to load: {'; '.join(broken)})" if broken else ""
-            raise SpecError(f"unknown surrogate {name!r}{extra}", pos,
+            raise SpecError(f"unknown surrogate {name!r}{self.plugins.broken()}", pos,
                             hint or f"surrogates: {', '.join(sorted(self.plugins.surrogates))}")
         values = dict(surrogate.params)
         for key, value in params.items():
@@ -448,7 +446,8 @@ class _Builder:
             if item.value not in self.plugins.passes:
                 hint = closest(item.value, self.plugins.passes)
                 known = ", ".join(sorted(self.plugins.passes)) or "none registered"
-                raise SpecError(f"unknown code-generation pass {item.value!r}", item.pos, hint or f"passes: {known}")
+                raise SpecError(f"unknown code-generation pass {item.value!r}{self.plugins.broken()}", item.pos,
+                                hint or f"passes: {known}")
             names.append(item.value)
         return names
 

@@ -215,7 +215,7 @@ def load(path: str | os.PathLike, params: dict[str, float] | None = None, step_m
     (Python files with ``@flexsn_dsl.hookimpl`` functions); ``passes`` enables
     code-generation passes by name. Raises :class:`flexsn_dsl.SpecError` on a bad spec.
     """
-    plugins = tuple(str(Path(p).expanduser().resolve()) for p in plugins)
+    plugins = _plugin_paths(plugins)
     compiled = compile_spec(Path(path), params=params, plugins=plugins, passes=passes)
     return _module(compiled, plugins, step_mode, backend, store_state_seqs)
 
@@ -224,9 +224,16 @@ def loads(text: str, params: dict[str, float] | None = None, step_mode: str = "m
           store_state_seqs: bool = False, plugins: Iterable[str] = (), passes: Iterable[str] = (),
           filename: str = "<string>") -> FlexSN:
     """Like :func:`load`, from spec text."""
-    plugins = tuple(str(Path(p).expanduser().resolve()) for p in plugins)
+    plugins = _plugin_paths(plugins)
     compiled = compile_spec(filename, text=text, params=params, plugins=plugins, passes=passes)
     return _module(compiled, plugins, step_mode, backend, store_state_seqs)
+
+
+def _plugin_paths(plugins: Iterable[str] | str) -> tuple[str, ...]:
+    """Plugin files as absolute paths (one path may be given as a plain string)."""
+    if isinstance(plugins, (str, os.PathLike)):
+        plugins = [plugins]
+    return tuple(str(Path(p).expanduser().resolve()) for p in plugins)
 
 
 def _module(compiled: Compiled, plugins: tuple[str, ...], step_mode: str, backend: str,

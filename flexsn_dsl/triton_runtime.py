@@ -92,12 +92,7 @@ def _tuned(kernel):
     import triton
     configs = [triton.Config({"_BLOCK": b}, num_warps=w) for b, w in
                ((64, 2), (128, 2), (256, 2), (512, 4), (1024, 4), (2048, 8))]
-    return triton.autotune(configs=configs, key=["_N", "_DTYPE"], reset_to_zero=_zero_args(kernel))(kernel)
-
-
-def _zero_args(kernel) -> list[str] | None:
-    names = [a for a in kernel.arg_names if a == "_params_grad"]
-    return names or None
+    return triton.autotune(configs=configs, key=["_N", "_DTYPE"])(kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,10 +151,10 @@ def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, f
         if info.param_names:
             partial = params.new_zeros((kernels.blocks(n), info.num_params))
             args += [params, partial]
-        kernels.launch("backward", n, args + [T, n], _DTYPE=_compute_dtype(like.dtype),
-                       _HAS_STATE_GRADS=bool(grad_seqs))
-        if info.param_names:
-            grad_params = partial.sum(0)
+        programs = kernels.launch("backward", n, args + [T, n], _DTYPE=_compute_dtype(like.dtype),
+                                  _HAS_STATE_GRADS=bool(grad_seqs))
+        if info.param_names:  # only the rows this launch wrote (autotuning tries other block sizes)
+            grad_params = partial[:programs].sum(0)
     return [g.reshape(shape) for g in grad_x], [g.reshape(shape[1:]) for g in grad_init], grad_params
 
 
