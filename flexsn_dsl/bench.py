@@ -78,7 +78,6 @@ def _graph_timer(device) -> Callable[[Callable], float] | None:
 
 
 def _timer(device) -> Callable[[Callable], float]:
-    import torch
     if device.type == "cuda":
         from triton.testing import do_bench
         return lambda fn: do_bench(fn, warmup=50, rep=200, return_mode="median")
@@ -91,7 +90,6 @@ def _timer(device) -> Callable[[Callable], float]:
             fn()
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
-    _ = torch
     return cpu
 
 
