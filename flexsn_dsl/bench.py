@@ -145,7 +145,7 @@ def _runner(module, xs, mode: str):
     return run
 
 
-def _flat(values) -> list:
+def _tensors(values) -> list:
     import torch
     out = []
     for v in values if isinstance(values, (tuple, list)) else (values,):
@@ -155,7 +155,7 @@ def _flat(values) -> list:
 
 
 def _diff(a, b) -> float:
-    return max((x - y).abs().max().item() for x, y in zip(_flat(a), _flat(b)) if x.numel()) if a is not None else 0.0
+    return max((x - y).abs().max().item() for x, y in zip(_tensors(a), _tensors(b)) if x.numel()) if a is not None else 0.0
 
 
 def _sj_lif(device):

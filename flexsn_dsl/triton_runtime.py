@@ -6,6 +6,7 @@ import os
 from typing import Sequence
 
 import torch
+import triton
 
 from .compiler import Compiled
 
@@ -48,7 +49,7 @@ class Kernels:
         # blocks of one warp and a 4-stage pipelined time loop keep the most loads in flight.
         sms = _sm_count()
         block = 1024
-        while block > 64 and triton_cdiv(n, block) < 4 * sms:
+        while block > 64 and triton.cdiv(n, block) < 4 * sms:
             block //= 2
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
         return {"_BLOCK": block, "num_warps": warps, "_STAGES": STAGES or (2 if block >= 512 else 4)}
@@ -57,16 +58,16 @@ class Kernels:
         """Launch over n neurons; returns the number of programs."""
         kernel = self.kernel(variant)
         if not self.interpret and AUTOTUNE:
-            kernel[lambda meta: (triton_cdiv(n, meta["_BLOCK"]),)](*args, _STAGES=STAGES or 2, **constexprs)
-            return triton_cdiv(n, kernel.best_config.kwargs["_BLOCK"])
+            kernel[lambda meta: (triton.cdiv(n, meta["_BLOCK"]),)](*args, _STAGES=STAGES or 2, **constexprs)
+            return triton.cdiv(n, kernel.best_config.kwargs["_BLOCK"])
         config = self.config(n)
-        grid = (triton_cdiv(n, config["_BLOCK"]),)
+        grid = (triton.cdiv(n, config["_BLOCK"]),)
         kernel[grid](*args, **config, **constexprs)
         return grid[0]
 
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
-        return triton_cdiv(n, 64) if (not self.interpret and AUTOTUNE) else triton_cdiv(n, self.config(n)["_BLOCK"])
+        return triton.cdiv(n, 64) if (not self.interpret and AUTOTUNE) else triton.cdiv(n, self.config(n)["_BLOCK"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,20 +77,14 @@ def _sm_count() -> int:
 
 def interpreting() -> bool:
     """Whether Triton runs kernels through its interpreter in this process."""
-    import triton
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
 @functools.lru_cache(maxsize=None)
 def _tuned(kernel):
-    import triton
     configs = [triton.Config({"_BLOCK": b}, num_warps=w) for b, w in
                ((64, 2), (128, 2), (256, 2), (512, 4), (1024, 4), (2048, 8))]
     return triton.autotune(configs=configs, key=["_N", "_DTYPE"])(kernel)
