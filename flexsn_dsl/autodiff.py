@@ -2,20 +2,22 @@
 
 The backward of a step is itself a straight-line program: it recomputes the
 forward values it needs from a small *saved* set, then runs the adjoints of the
-assignments in reverse. The saved set is the smallest set of per-step values
-(ties broken by the least recomputation) from which every value the adjoints
-read can be recomputed; for LIF that is one tensor, ``h``.
+assignments in reverse. The saved set is the set of per-step values with the least
+memory traffic (ties broken by the least recomputation) from which every value
+the adjoints read can be recomputed; for LIF that is one tensor, ``h``. Spike arguments are
+values too (:func:`name_spike_arguments`): the adaptive LIF's backward needs
+only ``h - b_dec``, one tensor where ``h`` and ``b_dec`` would be two.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
 from .ir import StepIR
 from .plugins import X
-from .symbolic import real_symbol, substitute_surrogate
+from .symbolic import Spike, real_symbol, substitute_surrogate
 
 MAX_SUBSETS = 50_000
 
@@ -39,6 +41,23 @@ def state_seed(name: str) -> sympy.Symbol:
 
 def _grad(sym: sympy.Symbol) -> sympy.Symbol:
     return real_symbol(f"grad__{sym.name}")
+
+
+def name_spike_arguments(ir: StepIR) -> StepIR:
+    """Give every compound ``spike()`` argument its own line (``s = spike(h - b)`` becomes
+    ``s__u = h - b; s = spike(s__u)``), so that the saved set may hold it."""
+    assignments, positions = [], []
+    for k, (sym, expr) in enumerate(ir.assignments):
+        calls = sorted((c for c in expr.atoms(Spike) if not c.args[0].is_Symbol), key=sympy.default_sort_key)
+        mapping = {}
+        for i, call in enumerate(calls):
+            arg = real_symbol(f"{sym.name}__u" + (str(i + 1) if len(calls) > 1 else ""))
+            assignments.append((arg, call.args[0]))
+            positions.append(ir.positions[k] if ir.positions else None)
+            mapping[call] = Spike(arg)
+        assignments.append((sym, expr.xreplace(mapping) if mapping else expr))
+        positions.append(ir.positions[k] if ir.positions else None)
+    return replace(ir, assignments=tuple(assignments), positions=tuple(positions))
 
 
 def differentiate(ir: StepIR) -> Backward:
@@ -118,20 +137,26 @@ def _choose_saved(ir: StepIR, lines, results):
                 want |= forward[sym].free_symbols - params
         return sum(_cost(forward[s]) for s in rerun), list(reversed(rerun))
 
-    tried = 0
+    # Least memory traffic first: a value the forward must store costs a write and a read; an input or
+    # output is in memory anyway and costs only the read. Then the least recomputation.
+    in_memory = set(ir.inputs) | set(ir.outputs)
+    tried, best = 0, None
     for size in range(len(ranked) + 1):
-        best = None
+        if best is not None and size > best[0][0]:  # a set this large moves at least `size` tensors
+            break
         for subset in itertools.combinations(ranked, size):
             tried += 1
             if tried > MAX_SUBSETS:
                 break
             result = plan(set(subset))
-            if result is not None and (best is None or result[0] < best[0][0]):
-                best = (result, subset)
-        if best is not None:
-            (_, rerun), subset = best
-            return tuple(subset), tuple((s, forward[s]) for s in rerun)
+            if result is not None:
+                score = (sum(1 if s in in_memory else 2 for s in subset), result[0])
+                if best is None or score < best[0]:
+                    best = (score, subset, result[1])
         if tried > MAX_SUBSETS:
             break
+    if best is not None:
+        _, subset, rerun = best
+        return tuple(subset), tuple((s, forward[s]) for s in rerun)
     saved = tuple(s for s in ranked if s in needed)
     return saved, ()

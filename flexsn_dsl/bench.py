@@ -3,10 +3,8 @@
 Every case is timed in one process: ``triton.testing.do_bench`` medians after
 warm-up on CUDA (perf_counter medians on the CPU, where "ours" runs in Triton's
 interpreter and the numbers only show that the command works). The memory
-floor is the bytes a step sequence must move (each input read once, each
-output written once; training adds the upstream output gradients read, the
-input gradients written and one saved tensor per state written and read back)
-over the copy bandwidth measured in the same run.
+floor is the bytes a call must move (:func:`floor_bytes`) over the copy
+bandwidth measured in the same run.
 """
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ from typing import Callable
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
 PEERS = ("torch", "compile", "spikingjelly")
-COMPILE_MAX_T = 16  # torch.compile unrolls the time loop: compile time grows with T
+COMPILE_MAX_T = 16  # torch.compile unrolls the time loop and FlexSN traces it: compile time grows with T
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
                         help="what to compare with (default: all available)")
+    parser.add_argument("--compile-max-T", type=int, default=COMPILE_MAX_T, metavar="T",
+                        help="skip the peers whose compilation grows with T (torch.compile unrolls the time loop, "
+                             f"SpikingJelly's FlexSN traces it: minutes at T=64) above this T (default {COMPILE_MAX_T})")
     parser.add_argument("--first-call", action="store_true",
                         help="also time the first call (kernel generation + compilation) in a fresh process, "
                              "and the first call with warm caches")
@@ -59,6 +60,7 @@ class Result:
     graph_ms: float | None = None    # CUDA-graph replay, median (no Python overhead)
     floor_ms: float | None = None
     peak_mib: float | None = None
+    host_ms: float | None = None     # host (Python + launch) time of one call, not waiting for the GPU
     max_abs_diff: float | None = None
     note: str = ""
     extra: dict = field(default_factory=dict)
@@ -93,6 +95,22 @@ def _timer(device) -> Callable[[Callable], float]:
     return cpu
 
 
+def _host_ms(device, fn, calls: int = 20) -> float | None:
+    """Median host time of one call without waiting for the GPU: the Python and launch cost that
+    bounds an eager call when it exceeds the kernels' time."""
+    import torch
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def copy_bandwidth(device) -> float:
     """Bytes per second of a large device copy (read + write counted)."""
     import torch
@@ -104,11 +122,15 @@ def copy_bandwidth(device) -> float:
 
 
 def floor_bytes(info, T: int, n: int, itemsize: int, mode: str) -> int:
-    per_seq = T * n * itemsize
-    state_bytes = 2 * info.num_states * n * itemsize  # initial state read, final state written
-    if mode == "inference":
-        return per_seq * (info.num_inputs + info.num_outputs) + state_bytes
-    return per_seq * (2 * info.num_inputs + 2 * info.num_outputs + 2 * info.num_states) + 2 * state_bytes
+    """Bytes a call from reset states must move: each input read and each output written once
+    (the final states too; the initial states read only where they are not constants); training
+    adds the output gradients read, the input gradients written and one saved tensor per state
+    written and read back."""
+    seq, states = T * n * itemsize, info.num_states * n * itemsize
+    total = seq * (info.num_inputs + info.num_outputs) + states + (0 if info.initial_values else states)
+    if mode == "training":
+        total += seq * (info.num_inputs + info.num_outputs + 2 * info.num_states)
+    return total
 
 
 def _peak(device, fn) -> float | None:
@@ -254,14 +276,17 @@ def run_bench(args) -> list[Result]:
                         if "torch" in args.peers:
                             impls.append(("torch loop", _runner(reference, xs, mode), ""))
                         if "compile" in args.peers:
-                            if T > COMPILE_MAX_T:
-                                impls.append(("torch.compile", None, f"skipped: T > {COMPILE_MAX_T} (unrolled loop)"))
+                            if T > args.compile_max_T:
+                                impls.append(("torch.compile", None, f"skipped: T > --compile-max-T {args.compile_max_T}"))
                             else:
                                 compiled = torch.compile(_runner(reference, xs, mode))
                                 impls.append(("torch.compile", compiled, ""))
                         if "spikingjelly" in args.peers and name == "lif":
                             for label, make in (("SJ LIFNode", lambda: _sj_lif(device)),
                                                 ("SJ FlexSN", lambda: _sj_flexsn_lif(device))):
+                                if label == "SJ FlexSN" and T > args.compile_max_T:
+                                    impls.append((label, None, f"skipped: T > --compile-max-T {args.compile_max_T}"))
+                                    continue
                                 try:
                                     impls.append((label, _sj_runner(make(), xs, mode), ""))
                                 except Exception as exc:  # not installed, or fails on this setup
@@ -288,6 +313,7 @@ def run_bench(args) -> list[Result]:
                                         except Exception as exc:
                                             r.note += f" (no CUDA graph: {type(exc).__name__})"
                                     r.peak_mib = _peak(device, fn)
+                                    r.host_ms = _host_ms(device, fn)
                                 except Exception as exc:
                                     r.note = f"failed: {type(exc).__name__}: {exc}"[:160]
                             results.append(r)
@@ -311,8 +337,9 @@ def _print_row(r: Result) -> None:
     floor = f"{r.floor_ms:8.4f}" if r.floor_ms else "       -"
     peak = f"{r.peak_mib:8.1f}" if r.peak_mib is not None else "       -"
     diff = f"{r.max_abs_diff:.1e}" if r.max_abs_diff is not None else "-"
+    host = f"  host {r.host_ms:.3f} ms" if r.host_ms is not None else ""
     print(f"{r.spec:14s} {r.mode:10s} {r.dtype:9s} T={r.T:<5d} N={r.neurons:<8d} {r.impl:22s} {ms} ms (graph {graph})  "
-          f"floor {floor} ms {ratio}  peak {peak} MiB  diff {diff}  {r.note}", flush=True)
+          f"floor {floor} ms {ratio}  peak {peak} MiB  diff {diff}{host}  {r.note}", flush=True)
 
 
 def main(args) -> int:

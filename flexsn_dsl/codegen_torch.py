@@ -34,8 +34,7 @@ def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
     outs = "".join(f"{p(s)}, " for s in ir.outputs)
     nexts = "".join(f"{p(s)}, " for s in ir.next_states)
     body.append(f"return ({outs}), ({nexts})")
-    constants = {sympy.Symbol(n, real=True): sympy.Float(v) for n, v in ir.constants}
-    inits = "".join(f"{p(sympy.sympify(model.states[s].init).xreplace(constants))}, " for s in ir.state_names)
+    inits = "".join(f"{p(init)}, " for init in ir.initial_states)
     init_kwargs = ("*, " + ", ".join(ir.param_names)) if ir.params else ""
     return f'''{header}
 import torch

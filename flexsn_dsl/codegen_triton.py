@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import sympy
 
-from .autodiff import Backward, differentiate
+from .autodiff import Backward, differentiate, name_spike_arguments
 from .ir import StepIR
 from .printer import TRITON, Printer
 
@@ -25,7 +25,9 @@ class FlexSNInfo:
     ``fwd_kernel_returns`` lists the sequences the training forward kernel
     writes, and ``c2k_return_mapping`` maps each value the backward core reads
     to where it comes from: ``("input", i)``, ``("output", i)`` or
-    ``("saved", i)`` (an index into ``saved_names``).
+    ``("saved", i)`` (an index into ``saved_names``). ``initial_values`` holds every
+    state's initial value when none depends on a learnable parameter: the kernels
+    then start from these constants instead of reading initial states.
     """
 
     neuron: str
@@ -42,6 +44,7 @@ class FlexSNInfo:
     bwd_core_args: tuple[str, ...]
     bwd_core_returns: tuple[str, ...]
     output_vars: tuple[str, ...] = field(default=())  # kernel variable holding each output
+    initial_values: tuple[float, ...] = ()            # constant initial states, or () when not all are
 
     @property
     def num_inputs(self) -> int:
@@ -84,6 +87,7 @@ def _tensor(printer: Printer, expr: sympy.Expr, like: str) -> str:
 
 def build_cores(ir: StepIR) -> Cores:
     """The forward and backward cores of ``ir`` and their FlexSNInfo."""
+    ir = name_spike_arguments(ir)
     backward: Backward = differentiate(ir)
     p = Printer(TRITON)
     name = ir.name
@@ -153,6 +157,8 @@ def build_cores(ir: StepIR) -> Cores:
         bwd_core_args=tuple(bwd_args),
         bwd_core_returns=tuple(bwd_returns),
         output_vars=tuple(output_vars),
+        initial_values=tuple(float(v) for v in ir.initial_states) if all(
+            v.is_number for v in ir.initial_states) else (),
     )
     source = "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
     return Cores(f"{name}_forward_core", f"{name}_backward_core", source, info)

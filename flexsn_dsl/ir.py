@@ -30,6 +30,7 @@ class StepIR:
     surrogate: sympy.Expr                     # g(x), parameters substituted
     output_names: tuple[str, ...]
     constants: tuple[tuple[str, float], ...]  # baked-in parameter values, for the record
+    initial_states: tuple[sympy.Expr, ...] = ()  # each state's initial value (constants substituted)
     positions: tuple[SourcePos | None, ...] = ()  # where each assignment was written
 
     def replace_exprs(self, rewrite: Callable[[sympy.Expr], sympy.Expr]) -> "StepIR":
@@ -93,5 +94,6 @@ def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
         surrogate=sympy.sympify(surrogate),
         output_names=tuple(name for name, _ in model.outputs),
         constants=tuple((n, values[n]) for n, p in model.parameters.items() if not p.learnable),
+        initial_states=tuple(sympy.sympify(model.states[n].init).xreplace(constants) for n in model.states),
         positions=tuple(a.pos for a in model.steps),
     )

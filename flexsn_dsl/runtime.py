@@ -113,8 +113,12 @@ class FlexSN(nn.Module):
     def _param_values(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.spec.learnable}
 
-    def _initial_states(self, like: torch.Tensor) -> list[torch.Tensor]:
-        values = self._compiled.torch_namespace["initial_states"](**self._param_values())
+    def _initial_values(self) -> tuple:
+        """Each state's initial value: a number, or a 0-dim tensor where it depends on a learnable parameter."""
+        return self._compiled.torch_namespace["initial_states"](**self._param_values())
+
+    @staticmethod
+    def _initial_states(values: tuple, like: torch.Tensor) -> list[torch.Tensor]:
         out = []
         for value in values:
             if isinstance(value, torch.Tensor):
@@ -156,10 +160,15 @@ class FlexSN(nn.Module):
             raise ValueError("step_mode='m' needs inputs of shape [T, ...]")
         first = inputs[0][0] if inputs[0].shape[0] > 0 else inputs[0].new_zeros(inputs[0].shape[1:])
         states = [self.states.get(n) for n in self.spec.states]
+        backend = self._choose_backend(first)
         if any(s is None or s.shape != first.shape for s in states):
-            states = self._initial_states(first)
+            values = self._initial_values()
+            if backend == "triton" and not any(isinstance(v, torch.Tensor) for v in values):
+                states = []  # constants: the kernels start from them and read no initial-state tensor
+            else:
+                states = self._initial_states(values, first)
         states = [s.to(device=first.device, dtype=first.dtype) for s in states]
-        if self._choose_backend(first) == "torch":
+        if backend == "torch":
             outputs, finals, seqs = self._run_torch(inputs, states)
         else:
             from .triton_runtime import run_triton

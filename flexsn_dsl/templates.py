@@ -11,10 +11,17 @@ Variants:
   forward                training: outputs, saved values, state sequences, final states
   forward_final_state    training: outputs, saved values, final states
   backward               time reversed: gradients of inputs, initial states and parameters
+
+Flags (constexpr, so each setting compiles to its own kernel without dead branches):
+``_CONST_INIT`` starts the states from the spec's constant initial values instead of
+reading ``<state>__init`` (a fresh or reset module); ``_HAS_FINAL_GRADS`` and
+``_HAS_STATE_GRADS`` say which upstream state gradients exist; ``_WRITE_INIT_GRADS``
+says whether the initial states need gradients.
 """
 from __future__ import annotations
 
 from .codegen_triton import Cores, FlexSNInfo
+from .printer import float_literal
 
 HEAVISIDE = '''@triton.jit
 def _heaviside(u):
@@ -45,6 +52,14 @@ def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]],
     return lines
 
 
+def _if(flag: str, then: list[str], otherwise: list[str] | None = None) -> list[str]:
+    """A constexpr branch at the kernel's top level (nothing when ``then`` is empty)."""
+    if not then:
+        return []
+    lines = [f"{I1}if {flag}:"] + [I1 + line for line in then]
+    return lines + ([f"{I1}else:"] + [I1 + line for line in otherwise] if otherwise else [])
+
+
 def _head() -> list[str]:
     return [f"{I1}_offs = tl.program_id(0) * _BLOCK + tl.arange(0, _BLOCK)", f"{I1}_mask = _offs < _N"]
 
@@ -68,10 +83,15 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
         (inputs + [f"{n}__init" for n in info.state_names], "inputs [T, N], initial states [N]"),
         (written + [f"{n}__final" for n in info.state_names], "written"),
         (["_params"] if info.param_names else [], f"learnable parameters {list(info.param_names)}"),
-    ], "")
+    ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
     lines += _head() + _params_load(info)
-    lines += [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
+    loads = [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
+    if info.initial_values:
+        lines += _if("_CONST_INIT", [f"{I1}{n} = tl.full([_BLOCK], {float_literal(v)}, _DTYPE)"
+                                     for n, v in zip(info.state_names, info.initial_values)], loads)
+    else:
+        lines += loads
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
     lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
@@ -112,10 +132,11 @@ def _backward_kernel(cores: Cores) -> str:
         (grad_in + [f"{n}__grad_init" for n in info.state_names], "written"),
         (["_params", "_params_grad"] if info.param_names else [],
          "learnable parameters; per-block partial gradients [blocks, P]"),
-    ], ", _HAS_STATE_GRADS: tl.constexpr")
+    ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
     lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
     lines += _head() + _params_load(info)
-    lines += [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
+    lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names],
+                 [f"{I1}{n}__grad_acc = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in info.state_names])
     lines += [f"{I1}{n}__grad_sum = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in info.param_names]
     lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
@@ -132,7 +153,8 @@ def _backward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
     lines += [f"{I2}{p}_ptr -= _N" for p in walking]
-    lines += [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}" for n in info.state_names]
+    lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
+                                       for n in info.state_names])
     lines += [f"{I1}tl.store(_params_grad + tl.program_id(0) * {info.num_params} + {k}, "
               f"tl.sum({n}__grad_sum, axis=0))" for k, n in enumerate(info.param_names)]
     return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Sequence
 
@@ -100,57 +101,74 @@ def _flat(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def _forward(kernels: Kernels, xs, inits, params, training: bool, store_seqs: bool):
+    """Run the forward kernels. Empty ``inits`` (for a spec whose initial states are all
+    constants) starts from those constants without reading any initial-state tensor."""
     info = kernels.info
     T = xs[0].shape[0]
     shape = xs[0].shape[1:]
-    n = xs[0][0].numel() if T else inits[0].numel()
+    n = math.prod(shape)
     like = xs[0]
+    const_init = not inits and info.num_states > 0
     flat_x = [_flat(x, T) for x in xs]
-    flat_init = [s.reshape(-1).contiguous() for s in inits]
     outs = [like.new_empty((T, n)) for _ in info.output_names]
     saved = [like.new_empty((T, n)) for _ in info.saved_names] if training else []
     seqs = [like.new_empty((T, n)) for _ in info.state_names] if store_seqs else []
     finals = [like.new_empty((n,)) for _ in info.state_names]
+    flat_init = finals if const_init else [s.reshape(-1).contiguous() for s in inits]  # unread when constant
     if T == 0:
-        finals = [s.clone() for s in flat_init]
+        finals = [f.fill_(v) for f, v in zip(finals, info.initial_values)] if const_init else \
+            [s.clone() for s in flat_init]
     elif n > 0:
         variant = ("forward" if training else "inference") + ("" if store_seqs else "_final_state")
         args = [*flat_x, *flat_init, *outs, *saved, *seqs, *finals]
         if info.param_names:
             args.append(params)
-        kernels.launch(variant, n, args + [T, n], _DTYPE=_compute_dtype(like.dtype))
+        flags = {"_CONST_INIT": const_init} if info.initial_values else {}
+        kernels.launch(variant, n, args + [T, n], _DTYPE=_compute_dtype(like.dtype), **flags)
     view = lambda t: t.reshape(T, *shape)  # noqa: E731
     return [view(o) for o in outs], saved, [view(s) for s in seqs], [f.reshape(shape) for f in finals], flat_x
 
 
-def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, flat_out, params):
-    """Gradients of the inputs, initial states and parameters from the upstream gradients of the
-    outputs, state sequences (when stored) and final states."""
+def _present(grads: list, shape: tuple[int, ...], like: torch.Tensor) -> list[torch.Tensor] | None:
+    """Upstream gradients reshaped to ``shape``: None when none was given, zeros for a missing one."""
+    if all(g is None for g in grads):
+        return None
+    return [g.reshape(shape).contiguous() if g is not None else like.new_zeros(shape) for g in grads]
+
+
+def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, flat_out, params,
+              init_grads: bool):
+    """Gradients of the inputs, initial states (when ``init_grads``, else []) and parameters from
+    the upstream gradients (None where there are none) of the outputs, state sequences (when
+    stored) and final states."""
     info = kernels.info
     T = shape[0]
-    n = flat_x[0].shape[1] if flat_x[0].dim() == 2 else 0
+    n = math.prod(shape[1:])
     n_out, n_st = info.num_outputs, info.num_states
-    grad_outs = [_flat(g, T) for g in grads[:n_out]]
-    grad_seqs = [_flat(g, T) for g in grads[n_out:n_out + n_st]] if store_seqs else []
-    grad_finals = [g.reshape(-1).contiguous() for g in grads[len(grads) - n_st:]]
     like = flat_x[0]
+    grad_outs = _present(list(grads[:n_out]), (T, n), like) or [like.new_zeros((T, n)) for _ in range(n_out)]
+    grad_seqs = _present(list(grads[n_out:n_out + n_st]), (T, n), like) if store_seqs else None
+    grad_finals = _present(list(grads[len(grads) - n_st:]), (n,), like) if n_st else None
     grad_params = None
     if T == 0 or n == 0:
         grad_x = [torch.zeros_like(x) for x in flat_x]
-        grad_init = [g.clone() for g in grad_finals]
+        grad_init = [g.clone() for g in grad_finals] if grad_finals else [like.new_zeros((n,)) for _ in range(n_st)]
     else:
         grad_x = [torch.empty_like(x) for x in flat_x]
         grad_init = [like.new_empty((n,)) for _ in range(n_st)]
-        states_arg = grad_seqs if grad_seqs else grad_finals  # any valid pointer when unused
-        args = [*grad_outs, *states_arg, *grad_finals, *saved, *flat_x, *flat_out, *grad_x, *grad_init]
+        unused = grad_x[0]  # a valid pointer for arguments a flag leaves unread
+        args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *flat_x,
+                *flat_out, *grad_x, *(grad_init if init_grads else [unused] * n_st)]
         if info.param_names:
             partial = params.new_zeros((kernels.blocks(n), info.num_params))
             args += [params, partial]
         programs = kernels.launch("backward", n, args + [T, n], _DTYPE=_compute_dtype(like.dtype),
-                                  _HAS_STATE_GRADS=bool(grad_seqs))
+                                  _HAS_STATE_GRADS=grad_seqs is not None, _HAS_FINAL_GRADS=grad_finals is not None,
+                                  _WRITE_INIT_GRADS=init_grads)
         if info.param_names:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
-    return [g.reshape(shape) for g in grad_x], [g.reshape(shape[1:]) for g in grad_init], grad_params
+    grad_init = [g.reshape(shape[1:]) for g in grad_init] if init_grads else []
+    return [g.reshape(shape) for g in grad_x], grad_init, grad_params
 
 
 class _TritonSteps(torch.autograd.Function):
@@ -162,16 +180,19 @@ class _TritonSteps(torch.autograd.Function):
         outs, saved, seqs, finals, flat_x = _forward(kernels, xs, inits, params, True, store_seqs)
         ctx.kernels, ctx.store_seqs, ctx.n_inputs, ctx.n_saved = kernels, store_seqs, n_inputs, len(saved)
         ctx.shape = xs[0].shape
+        ctx.n_inits = len(inits)
         ctx.save_for_backward(params, *saved, *flat_x, *[o.reshape(ctx.shape[0], -1) for o in outs])
+        ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*outs, *seqs, *finals)
 
     @staticmethod
     def backward(ctx, *grads):
         params, *tensors = ctx.saved_tensors
         k, n_in = ctx.n_saved, ctx.n_inputs
+        init_grads = any(ctx.needs_input_grad[4 + n_in:])
         grad_x, grad_init, grad_params = _backward(ctx.kernels, ctx.store_seqs, ctx.shape, grads, tensors[:k],
-                                                   tensors[k:k + n_in], tensors[k + n_in:], params)
-        return (None, None, None, grad_params, *grad_x, *grad_init)
+                                                   tensors[k:k + n_in], tensors[k + n_in:], params, init_grads)
+        return (None, None, None, grad_params, *grad_x, *(grad_init or [None] * ctx.n_inits))
 
 
 # -- the same, as custom operators, so that torch.compile(fullgraph=True) treats them as opaque --
@@ -185,7 +206,8 @@ def _kernels_for(key: str, like: torch.Tensor) -> Kernels:
 @torch.library.custom_op("flexsn_dsl::fused_forward", mutates_args=())
 def fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
                   params: torch.Tensor | None) -> list[torch.Tensor]:
-    """Training forward: outputs, saved values, state sequences (if stored), final states."""
+    """Training forward: outputs, saved values, state sequences (if stored), final states.
+    ``inits`` is empty when the states start from the spec's constant initial values."""
     outs, saved, seqs, finals, _ = _forward(_kernels_for(key, xs[0]), xs, inits, params, True, store_seqs)
     return [*outs, *saved, *seqs, *finals]
 
@@ -202,20 +224,24 @@ def _fused_forward_fake(key, store_seqs, xs, inits, params):
 
 @torch.library.custom_op("flexsn_dsl::fused_backward", mutates_args=())
 def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor], saved: list[torch.Tensor],
-                   xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None) -> list[torch.Tensor]:
-    """Gradients of inputs, initial states, then the parameters (an empty tensor when none)."""
+                   xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None,
+                   init_grads: bool) -> list[torch.Tensor]:
+    """Gradients of inputs, initial states (when ``init_grads``), then the parameters (an empty
+    tensor when none)."""
     shape = xs[0].shape
     T = shape[0]
     grad_x, grad_init, grad_params = _backward(_kernels_for(key, xs[0]), store_seqs, shape, grads, saved,
-                                               [_flat(x, T) for x in xs], [_flat(o, T) for o in outs], params)
+                                               [_flat(x, T) for x in xs], [_flat(o, T) for o in outs], params,
+                                               init_grads)
     return [*grad_x, *grad_init, grad_params if grad_params is not None else xs[0].new_empty(0)]
 
 
 @fused_backward.register_fake
-def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params):
+def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, init_grads):
     info = _REGISTRY[key].info
     x = xs[0]
-    return ([x.new_empty(x.shape) for _ in xs] + [x.new_empty(x.shape[1:]) for _ in info.state_names] +
+    return ([x.new_empty(x.shape) for _ in xs] +
+            ([x.new_empty(x.shape[1:]) for _ in info.state_names] if init_grads else []) +
             [params.new_empty(params.shape) if params is not None else x.new_empty(0)])
 
 
@@ -225,6 +251,7 @@ def _setup_context(ctx, inputs, output):
     n_out, n_saved = info.num_outputs, len(info.saved_names)
     ctx.key, ctx.store_seqs, ctx.n_inputs, ctx.n_out = key, store_seqs, len(xs), n_out
     ctx.has_params = params is not None
+    ctx.n_inits = len(inits)
     ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], *([params] if ctx.has_params else []))
     ctx.n_saved = n_saved
 
@@ -240,8 +267,8 @@ def _fused_autograd(ctx, grads):
         list(grads[len(grads) - n_st:])
     templates = outs + (outs[:0] if not ctx.store_seqs else [xs[0]] * n_st) + [xs[0][0]] * n_st
     wanted = [g if g is not None else torch.zeros_like(t) for g, t in zip(wanted, templates)]
-    result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, params)
-    grad_x, grad_init = result[:n_in], result[n_in:n_in + n_st]
+    result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, params, ctx.n_inits > 0)
+    grad_x, grad_init = result[:n_in], result[n_in:n_in + ctx.n_inits]
     return None, None, grad_x, grad_init, (result[-1] if ctx.has_params else None)
 
 
@@ -256,7 +283,8 @@ def register(compiled: Compiled) -> str:
 
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
                params: dict[str, torch.Tensor], store_seqs: bool):
-    """Run T steps with the generated kernels; returns (outputs, final states, state sequences)."""
+    """Run T steps with the generated kernels; returns (outputs, final states, state sequences).
+    Empty ``states``: start from the spec's constant initial values."""
     model = compiled.model
     dtype = _torch_compute_dtype(inputs[0].dtype)
     param_vec = torch.stack([params[n].to(device=inputs[0].device, dtype=dtype).reshape(())

@@ -82,6 +82,13 @@ def test_forward_saves_the_fewest_tensors():
     # the learnable 1/tau needs x and v; x is the input itself: nothing copied for it
     assert ("input", 0) in plif.c2k_return_mapping and len(plif.c2k_return_mapping) == 2
     assert plif.param_names == ("w",)
+    # the adaptive LIF's backward needs h and b_dec only through the spike argument h - b_dec
+    alif = compile_spec(ROOT / "neurons" / "alif.yaml")
+    assert alif.info.saved_names == ("s__u",)
+    assert "s__u = -b_dec + h" in alif.triton_source and "s = _heaviside(s__u)" in alif.triton_source
+    # an output already in memory is read back rather than stored again
+    leaky = compile_spec(ROOT / "neurons" / "leaky.yaml").info
+    assert leaky.saved_names == ("mem",) and ("output", 1) in leaky.c2k_return_mapping
 
 
 def test_generated_module_is_readable_and_t_independent():
@@ -157,6 +164,49 @@ def test_bench_runs_on_cpu(tmp_path, capsys):
     inference = [r for r in rows if r["mode"] == "inference"]
     assert all(r["max_abs_diff"] == 0.0 and r["ms"] > 0 and r["floor_ms"] > 0 for r in inference)
     assert "flexsn-dsl" in capsys.readouterr().out
+
+
+def test_bench_skips_peers_that_compile_per_sequence_length(tmp_path, capsys):
+    from flexsn_dsl.cli import main
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(ROOT / "neurons" / "lif.yaml"), "-T", "3", "-n", "40", "--mode", "inference",
+                 "--peers", "compile", "--compile-max-T", "2", "--json", str(out)]) == 0
+    rows = {r["impl"]: r for r in json.loads(out.read_text())[-1]["results"]}
+    assert rows["torch.compile"]["ms"] is None
+    assert rows["torch.compile"]["note"] == "skipped: T > --compile-max-T 2"
+    assert rows["flexsn-dsl"]["ms"] > 0
+
+
+LEARNABLE_INIT = ("neuron: t\nparameters: {v0: {value: 0.3, learnable: true}}\nstates: {v: v0, w: 0.25}\n"
+                  "step:\n  h: 0.5 * v + x - w\n  s: spike(h - 1.0)\n  v: h * (1 - s)\n  w: 0.9 * w + 0.2 * s\n"
+                  "outputs: [s]\n")
+
+
+@pytest.mark.parametrize("spec", ["alif", "izhikevich", "learnable_init"])
+@pytest.mark.parametrize("loss_on", ["outputs", "outputs_and_states", "second_call"])
+def test_gradients_whichever_upstream_gradients_exist(spec, loss_on):
+    """Constant initial states are not read, and missing final-state gradients are not
+    materialised; gradients still equal the torch backend's, also through a second call
+    whose initial states carry the first call's graph."""
+    x1, x2 = ((torch.rand(5, 7, dtype=torch.float64) * 2).requires_grad_() for _ in range(2))
+    results = []
+    for backend in ("triton", "torch"):
+        if spec == "learnable_init":
+            m = flexsn_dsl.loads(LEARNABLE_INIT, backend=backend).double()
+        else:
+            m = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend=backend).double()
+        w = torch.linspace(-1, 1, 7, dtype=torch.float64)
+        loss = (m(x1) * w).sum()
+        if loss_on == "outputs_and_states":
+            loss = loss + sum((s * w).sum() for s in m.states.values())
+        if loss_on == "second_call":
+            loss = loss + (m(x2) * w.flip(0)).sum()
+        results.append(torch.autograd.grad(loss, [x1, x2, *m.parameters()], allow_unused=True))
+    for a, b in zip(*results):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert results[0][0].abs().sum() > 0 and (loss_on != "second_call" or results[0][1].abs().sum() > 0)
 
 
 CONSTANT_FOLDING = [
