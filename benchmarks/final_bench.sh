@@ -26,5 +26,6 @@ case "$part" in 2|all)
   run 240 $B neurons/lif.yaml -T 8 -n 4194304 --peers torch compile spikingjelly
   run 90 $B neurons/lif.yaml -T 64 -n 1048576 --mode training --peers torch spikingjelly
   run 150 $B neurons/lif.yaml -T 8 64 1024 -n 65536 --mode training --peers --first-call
+  timeout 60 python3 benchmarks/profile_call.py > "$OUT/profile.log" 2>&1  # host time of one training call
   ;;
 esac
