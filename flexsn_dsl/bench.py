@@ -95,18 +95,23 @@ def _timer(device) -> Callable[[Callable], float]:
     return cpu
 
 
-def _host_ms(device, fn, calls: int = 20) -> float | None:
-    """Median host time of one call without waiting for the GPU: the Python and launch cost that
-    bounds an eager call when it exceeds the kernels' time."""
+def host_ms(device, fn, calls: int = 20, warmup: int = 0) -> float | None:
+    """Median host time of one call without waiting for the GPU (but every 20 calls, to keep the
+    launch queue short): the Python and launch cost that bounds an eager call when it exceeds
+    the kernels' time."""
     import torch
     if device.type != "cuda":
         return None
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(calls):
+    for k in range(1, calls + 1):
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
+        if k % 20 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     return statistics.median(times)
 
@@ -313,7 +318,7 @@ def run_bench(args) -> list[Result]:
                                         except Exception as exc:
                                             r.note += f" (no CUDA graph: {type(exc).__name__})"
                                     r.peak_mib = _peak(device, fn)
-                                    r.host_ms = _host_ms(device, fn)
+                                    r.host_ms = host_ms(device, fn)
                                 except Exception as exc:
                                     r.note = f"failed: {type(exc).__name__}: {exc}"[:160]
                             results.append(r)
