@@ -166,6 +166,20 @@ def test_bench_runs_on_cpu(tmp_path, capsys):
     assert "flexsn-dsl" in capsys.readouterr().out
 
 
+def test_bench_floor_counts_the_bytes_a_call_from_reset_states_must_move():
+    from flexsn_dsl.bench import floor_bytes
+    T, n = 8, 1000
+    lif = compile_spec(ROOT / "neurons" / "lif.yaml").info  # 1 input, 1 output, 1 state, constant init
+    # inference: x read, s written, final v written; training adds grad s read, grad x written,
+    # one saved sequence written and read
+    assert floor_bytes(lif, T, n, 4, "inference") == (2 * T * n + n) * 4
+    assert floor_bytes(lif, T, n, 2, "training") == (6 * T * n + n) * 2
+    # an initial state that depends on a learnable parameter is read
+    learnable_init = flexsn_dsl.loads(LEARNABLE_INIT).info  # 2 states, one initial value learnable
+    assert learnable_init.initial_values == ()
+    assert floor_bytes(learnable_init, T, n, 4, "training") == (8 * T * n + 4 * n) * 4
+
+
 def test_bench_skips_peers_that_compile_per_sequence_length(tmp_path, capsys):
     from flexsn_dsl.cli import main
     out = tmp_path / "bench.json"
