@@ -32,11 +32,11 @@ class Backward:
 
 
 def output_seed(name: str) -> sympy.Symbol:
-    return real_symbol(f"grad__out__{name}")
+    return real_symbol(f"grad_out__{name}")  # "grad_" + "out": no adjoint name grad__<value> can equal it
 
 
 def state_seed(name: str) -> sympy.Symbol:
-    return real_symbol(f"grad__next__{name}")
+    return real_symbol(f"grad_next__{name}")
 
 
 def _grad(sym: sympy.Symbol) -> sympy.Symbol:

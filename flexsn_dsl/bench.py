@@ -127,10 +127,10 @@ def copy_bandwidth(device) -> float:
 
 
 def floor_bytes(info, T: int, n: int, itemsize: int, mode: str) -> int:
-    """Bytes a call from reset states must move: each input read and each output written once
-    (the final states too; the initial states read only where they are not constants); training
-    adds the output gradients read, the input gradients written and one saved tensor per state
-    written and read back."""
+    """The floor of a call from reset states, in bytes: each input read and each output written
+    once (the final states too; the initial states read only where they are not constants);
+    training adds the output gradients read, the input gradients written and one saved tensor
+    per state written and read back (a spec whose backward needs fewer values moves less)."""
     seq, states = T * n * itemsize, info.num_states * n * itemsize
     total = seq * (info.num_inputs + info.num_outputs) + states + (0 if info.initial_values else states)
     if mode == "training":

@@ -97,7 +97,7 @@ def _kernels(compiled: Compiled, device_type: str) -> Kernels:
 
 
 def _flat(x: torch.Tensor, T: int) -> torch.Tensor:
-    return x.reshape(T, -1).contiguous()
+    return x.reshape(T, math.prod(x.shape[1:])).contiguous()  # not -1: T may be 0
 
 
 def _forward(kernels: Kernels, xs, inits, params, training: bool, store_seqs: bool):
@@ -109,6 +109,8 @@ def _forward(kernels: Kernels, xs, inits, params, training: bool, store_seqs: bo
     n = math.prod(shape)
     like = xs[0]
     const_init = not inits and info.num_states > 0
+    if const_init and not info.initial_values:
+        raise ValueError(f"{info.neuron}: no initial states given, and not all of them are constants")
     flat_x = [_flat(x, T) for x in xs]
     outs = [like.new_empty((T, n)) for _ in info.output_names]
     saved = [like.new_empty((T, n)) for _ in info.saved_names] if training else []
@@ -153,6 +155,7 @@ def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, f
     if T == 0 or n == 0:
         grad_x = [torch.zeros_like(x) for x in flat_x]
         grad_init = [g.clone() for g in grad_finals] if grad_finals else [like.new_zeros((n,)) for _ in range(n_st)]
+        grad_params = params.new_zeros(params.shape) if params is not None else None
     else:
         grad_x = [torch.empty_like(x) for x in flat_x]
         grad_init = [like.new_empty((n,)) for _ in range(n_st)]
@@ -181,7 +184,7 @@ class _TritonSteps(torch.autograd.Function):
         ctx.kernels, ctx.store_seqs, ctx.n_inputs, ctx.n_saved = kernels, store_seqs, n_inputs, len(saved)
         ctx.shape = xs[0].shape
         ctx.n_inits = len(inits)
-        ctx.save_for_backward(params, *saved, *flat_x, *[o.reshape(ctx.shape[0], -1) for o in outs])
+        ctx.save_for_backward(params, *saved, *flat_x, *[_flat(o, ctx.shape[0]) for o in outs])
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*outs, *seqs, *finals)
 
@@ -216,7 +219,7 @@ def fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: lis
 def _fused_forward_fake(key, store_seqs, xs, inits, params):
     info = _REGISTRY[key].info
     x = xs[0]
-    T, n = x.shape[0], x[0].numel()
+    T, n = x.shape[0], math.prod(x.shape[1:])
     return ([x.new_empty(x.shape) for _ in info.output_names] + [x.new_empty((T, n)) for _ in info.saved_names] +
             ([x.new_empty(x.shape) for _ in info.state_names] if store_seqs else []) +
             [x.new_empty(x.shape[1:]) for _ in info.state_names])
@@ -265,7 +268,7 @@ def _fused_autograd(ctx, grads):
     n_out, n_st = info.num_outputs, info.num_states
     wanted = list(grads[:n_out]) + (list(grads[n_out + k:n_out + k + n_st]) if ctx.store_seqs else []) + \
         list(grads[len(grads) - n_st:])
-    templates = outs + (outs[:0] if not ctx.store_seqs else [xs[0]] * n_st) + [xs[0][0]] * n_st
+    templates = outs + ([xs[0]] * n_st if ctx.store_seqs else []) + [xs[0].new_empty(xs[0].shape[1:])] * n_st
     wanted = [g if g is not None else torch.zeros_like(t) for g, t in zip(wanted, templates)]
     result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, params, ctx.n_inits > 0)
     grad_x, grad_init = result[:n_in], result[n_in:n_in + ctx.n_inits]

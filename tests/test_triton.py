@@ -96,7 +96,7 @@ def test_generated_module_is_readable_and_t_independent():
     assert "make_block_ptr" not in source and "tl.range(0, _T" in source
     for variant in ("inference", "inference_final_state", "forward", "forward_final_state", "backward"):
         assert f"def lif_{variant}_kernel(" in source
-    assert "def lif_forward_core(x, v):" in source and "def lif_backward_core(h, grad__out__s, grad__next__v):" in source
+    assert "def lif_forward_core(x, v):" in source and "def lif_backward_core(h, grad_out__s, grad_next__v):" in source
     compile(source, "lif.py", "exec")
 
 
@@ -221,6 +221,47 @@ def test_gradients_whichever_upstream_gradients_exist(spec, loss_on):
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     assert results[0][0].abs().sum() > 0 and (loss_on != "second_call" or results[0][1].abs().sum() > 0)
+
+
+# generated names that once met: the spike argument of `out` (out__u) and the upstream gradient of an
+# output `u`; the spike argument of `next` and the upstream gradient of a state `u`
+NAME_CLASHES = [
+    "neuron: t\nstates: {v: 0.0}\nstep:\n  u: v + x\n  out: spike(u - 1)\n  v: u * (1 - out)\noutputs: [out, u]\n",
+    "neuron: t\nstates: {u: 0.0}\nstep:\n  next: spike(u * 2 + x - 1)\n  u: u * 0.5 + x - next\noutputs: [next]\n",
+]
+
+
+@pytest.mark.parametrize("text", NAME_CLASHES)
+def test_generated_names_do_not_clash_with_spec_names(text):
+    x = torch.rand(4, 3, dtype=torch.float64) * 2
+    grads = []
+    for backend in ("torch", "triton"):
+        xi = x.clone().requires_grad_()
+        ys = flexsn_dsl.loads(text, backend=backend).double()(xi)
+        ys = ys if isinstance(ys, tuple) else (ys,)
+        grads.append(torch.autograd.grad(sum(y.sum() * (k + 1) for k, y in enumerate(ys)), [xi])[0])
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["lif", "alif"])
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)], ids=["T=0", "no neurons"])
+def test_empty_sequences_and_populations(spec, shape):
+    """T=0 leaves the states at their initial values; zero neurons give empty results; gradients
+    (zeros) agree with the torch backend, also under torch.compile."""
+    results = []
+    for backend, compiled in (("torch", False), ("triton", False), ("triton", True)):
+        m = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend=backend).double()
+        x = torch.rand(*shape, dtype=torch.float64, requires_grad=True)
+        call = torch.compile(m, fullgraph=True) if compiled else m
+        y = call(x)
+        states = [m.states[k] for k in m.spec.states]
+        loss = y.sum() + sum(s.sum() * 2 for s in states)
+        wrt = [x, *m.parameters()]
+        grads = torch.autograd.grad(loss, wrt, allow_unused=True) if loss.requires_grad else [None] * len(wrt)
+        results.append([y, *states, *(g if g is not None else torch.zeros_like(w) for g, w in zip(grads, wrt))])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b.reshape(a.shape))
 
 
 CONSTANT_FOLDING = [
