@@ -181,13 +181,13 @@ def _tuple(y):
     return tuple(y) if isinstance(y, tuple) else (y,)
 
 
-def _inputs(name, T, shape, seed=0, dtype=F64, device="cpu"):
+def _inputs(name, T, shape, seed=0, dtype=F64, device=None):
     gen = torch.Generator().manual_seed(seed)
     n_in = 2 if name == "gated" else 1
-    xs = [torch.rand((T, *shape), generator=gen, dtype=F64) * 2.5 for _ in range(n_in)]
+    xs = [torch.rand((T, *shape), generator=gen, dtype=F64, device="cpu") * 2.5 for _ in range(n_in)]
     if name == "gated":
         xs[1] = xs[1] - 1.25
-    return [x.to(device=device, dtype=dtype) for x in xs]
+    return [x.to(device=device or torch.get_default_device(), dtype=dtype) for x in xs]
 
 
 def _leaves(xs, requires_grad=True):
@@ -196,7 +196,7 @@ def _leaves(xs, requires_grad=True):
 
 def _weights(like, seed):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(t.shape, generator=gen, dtype=F64).to(t.device) for t in like]
+    return [torch.randn(t.shape, generator=gen, dtype=F64, device="cpu").to(t.device) for t in like]
 
 
 def _loss(outs, finals, w_out, w_st):
@@ -459,7 +459,7 @@ def test_wrong_inputs_raise(backend):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_single_step_mode(backend):
-    dev = _triton_device() if backend == "triton" else "cpu"
+    dev = _triton_device()
     xs = _inputs("leaky", 6, (2, 7), device=dev)
     m = flexsn_dsl.load(NEURONS / "leaky.yaml", step_mode="s", backend=backend, store_state_seqs=True).to(dev, F64)
     assert m.step_mode == "s"
@@ -614,6 +614,11 @@ def _free_port():
 
 
 def test_distributed_data_parallel_gloo(tmp_path):
+    with torch.device("cpu"):  # gloo and the workers' CPU tensors, also on a GPU machine
+        _check_ddp(tmp_path)
+
+
+def _check_ddp(tmp_path):
     import torch.multiprocessing as mp
     mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     r0 = torch.load(tmp_path / "rank0.pt")

@@ -121,7 +121,8 @@ def _module_params(m, ref, expected=None):
 
 def _weights(name, like: dict, base: int):
     gen = torch.Generator().manual_seed(zr.input_seed(name, base))
-    return {k: torch.randn(v.shape, generator=gen, dtype=DTYPE) for k, v in sorted(like.items())}
+    return {k: torch.randn(v.shape, generator=gen, dtype=DTYPE, device="cpu").to(v.device)
+            for k, v in sorted(like.items())}
 
 
 def _check_spikes(ref, outs):

@@ -528,5 +528,6 @@ def make_inputs(
     out = {}
     for k in ref.inputs:
         lo, hi = ref.input_range(k)
-        out[k] = lo + (hi - lo) * torch.rand((T, *shape), generator=gen, dtype=dtype)
+        draw = torch.rand((T, *shape), generator=gen, dtype=dtype, device="cpu")  # the same numbers everywhere
+        out[k] = (lo + (hi - lo) * draw).to(torch.get_default_device())
     return out
