@@ -226,11 +226,11 @@ def _fused_forward_fake(key, store_seqs, xs, inits, params):
 
 
 @torch.library.custom_op("flexsn_dsl::fused_backward", mutates_args=())
-def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor], saved: list[torch.Tensor],
+def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None], saved: list[torch.Tensor],
                    xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None,
                    init_grads: bool) -> list[torch.Tensor]:
     """Gradients of inputs, initial states (when ``init_grads``), then the parameters (an empty
-    tensor when none)."""
+    tensor when none), from the upstream gradients (None where there are none)."""
     shape = xs[0].shape
     T = shape[0]
     grad_x, grad_init, grad_params = _backward(_kernels_for(key, xs[0]), store_seqs, shape, grads, saved,
@@ -268,8 +268,6 @@ def _fused_autograd(ctx, grads):
     n_out, n_st = info.num_outputs, info.num_states
     wanted = list(grads[:n_out]) + (list(grads[n_out + k:n_out + k + n_st]) if ctx.store_seqs else []) + \
         list(grads[len(grads) - n_st:])
-    templates = outs + ([xs[0]] * n_st if ctx.store_seqs else []) + [xs[0].new_empty(xs[0].shape[1:])] * n_st
-    wanted = [g if g is not None else torch.zeros_like(t) for g, t in zip(wanted, templates)]
     result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, params, ctx.n_inits > 0)
     grad_x, grad_init = result[:n_in], result[n_in:n_in + ctx.n_inits]
     return None, None, grad_x, grad_init, (result[-1] if ctx.has_params else None)
