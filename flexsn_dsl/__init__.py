@@ -1,8 +1,6 @@
 """flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 import os as _os
 
 if "TRITON_INTERPRET" not in _os.environ:
@@ -13,6 +11,7 @@ if "TRITON_INTERPRET" not in _os.environ:
         # when it is imported, so it must be set before the first `import triton`.
         _os.environ["TRITON_INTERPRET"] = "1"
 
+from .version import __version__  # noqa: E402
 from .errors import PluginError, SourcePos, SpecError  # noqa: E402
 from .hookspecs import hookimpl, hookspec  # noqa: E402
 from .codegen_triton import FlexSNInfo  # noqa: E402

@@ -251,8 +251,8 @@ print(time.perf_counter() - start)
 def run_bench(args) -> list[Result]:
     import torch
 
-    import flexsn_dsl
-    from .cli import _params
+    from .console import parse_params
+    from .runtime import load
 
     device = torch.device("cuda" if (args.device == "auto" and torch.cuda.is_available()) else
                           (args.device if args.device != "auto" else "cpu"))
@@ -262,10 +262,10 @@ def run_bench(args) -> list[Result]:
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}; "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s", file=sys.stderr)
     results: list[Result] = []
-    params = _params(args.param)
+    params = parse_params(args.param)
     for spec in args.specs:
-        ours = flexsn_dsl.load(spec, params=params, backend="triton").to(device)
-        reference = flexsn_dsl.load(spec, params=params, backend="torch").to(device)
+        ours = load(spec, params=params, backend="triton").to(device)
+        reference = load(spec, params=params, backend="torch").to(device)
         info = ours.info
         name = ours.spec.name
         for dtype_name in args.dtype:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .console import parse_params
 from .errors import SpecError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -57,22 +58,10 @@ def _missing_hint(path: Path) -> str:
     return "give a spec file or a folder of specs"
 
 
-def _params(items: Sequence[str]) -> dict[str, float]:
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise SpecError(f"--param {item!r} is not NAME=NUMBER", hint="e.g. --param tau=3.0") from None
-        if not sep:
-            raise SpecError(f"--param {item!r} is not NAME=NUMBER", hint="e.g. --param tau=3.0")
-    return out
-
-
 def _compile(path: Path, args):
     from .compiler import compile_spec
-    return compile_spec(path, params=_params(args.param), plugins=args.plugin, passes=getattr(args, "passes", []))
+    return compile_spec(path, params=parse_params(args.param), plugins=args.plugin,
+                        passes=getattr(args, "passes", []))
 
 
 def _warn_plugins(args) -> None:
@@ -244,7 +233,7 @@ def cmd_bench(args) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexsn-dsl", description="Spiking neurons as YAML equations, "
                                      "compiled into fused Triton kernels.")
-    from . import __version__
+    from .version import __version__
     parser.add_argument("--version", action="version", version=f"flexsn-dsl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -18,7 +18,7 @@ from typing import Iterable
 
 import sympy
 
-from . import __version__
+from .version import __version__
 from .codegen_torch import torch_source
 from .codegen_triton import Cores, build_cores
 from .errors import PluginError, SpecError

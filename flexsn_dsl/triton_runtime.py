@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import triton
@@ -12,8 +12,30 @@ import triton
 from .compiler import Compiled
 
 CPU_BLOCK = 1024
-AUTOTUNE = os.environ.get("FLEXSN_DSL_AUTOTUNE", "0") == "1"  # autotune block sizes (GPU only)
-STAGES = int(os.environ.get("FLEXSN_DSL_STAGES", "0"))        # pipelining stages of the time loop (0: heuristic)
+MAX_STAGES = 16
+
+
+class LaunchSettings(NamedTuple):
+    autotune: bool  # $FLEXSN_DSL_AUTOTUNE=1: autotune block sizes (GPU only)
+    stages: int     # $FLEXSN_DSL_STAGES: pipelining stages of the time loop (0: heuristic)
+
+
+def launch_settings() -> LaunchSettings:
+    """The launch settings from the environment, read at each launch (the torch backend never reads
+    them); a ValueError saying what to set for a value that is not one of the allowed ones."""
+    return _parse_settings(os.environ.get("FLEXSN_DSL_AUTOTUNE", ""), os.environ.get("FLEXSN_DSL_STAGES", ""))
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_settings(autotune: str, stages: str) -> LaunchSettings:
+    if autotune.strip() not in ("", "0", "1"):
+        raise ValueError(f"FLEXSN_DSL_AUTOTUNE={autotune!r} is not 0 or 1: set it to 1 to autotune block sizes "
+                         "on the GPU, to 0 or nothing for the built-in choice")
+    text = stages.strip()
+    if text and not (text.isascii() and text.isdigit() and int(text) <= MAX_STAGES):
+        raise ValueError(f"FLEXSN_DSL_STAGES={stages!r} is not a whole number from 0 to {MAX_STAGES}: set it to the "
+                         "pipelining depth of the time loop (e.g. 2), or to 0 or nothing for the built-in choice")
+    return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0))
 
 
 def _compute_dtype(dtype: torch.dtype):
@@ -37,12 +59,9 @@ class Kernels:
         self.info = self.module.INFO
         self.name = compiled.model.name
 
-    def kernel(self, variant: str):
-        kernel = getattr(self.module, f"{self.name}_{variant}_kernel")
-        return _tuned(kernel) if (not self.interpret and AUTOTUNE) else kernel
-
-    def config(self, n: int) -> dict:
-        """Launch meta-parameters: a block size that gives every SM a few programs."""
+    def config(self, n: int, stages: int = 0) -> dict:
+        """Launch meta-parameters: a block size that gives every SM a few programs (``stages``: the
+        time loop's pipelining depth, 0 for the heuristic)."""
         if self.interpret:
             return {"_BLOCK": min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), "_STAGES": 1}
         # Measured on an H200 (BENCHMARKS.md): 1024-wide blocks of 4 warps are within a few percent of
@@ -53,22 +72,27 @@ class Kernels:
         while block > 64 and triton.cdiv(n, block) < 4 * sms:
             block //= 2
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
-        return {"_BLOCK": block, "num_warps": warps, "_STAGES": STAGES or (2 if block >= 512 else 4)}
+        return {"_BLOCK": block, "num_warps": warps, "_STAGES": stages or (2 if block >= 512 else 4)}
+
+    def _autotuned(self, settings: LaunchSettings) -> bool:
+        return settings.autotune and not self.interpret
 
     def launch(self, variant: str, n: int, args: list, **constexprs) -> int:
         """Launch over n neurons; returns the number of programs."""
-        kernel = self.kernel(variant)
-        if not self.interpret and AUTOTUNE:
-            kernel[lambda meta: (triton.cdiv(n, meta["_BLOCK"]),)](*args, _STAGES=STAGES or 2, **constexprs)
+        settings = launch_settings()
+        kernel = getattr(self.module, f"{self.name}_{variant}_kernel")
+        if self._autotuned(settings):
+            kernel = _tuned(kernel)
+            kernel[lambda meta: (triton.cdiv(n, meta["_BLOCK"]),)](*args, _STAGES=settings.stages or 2, **constexprs)
             return triton.cdiv(n, kernel.best_config.kwargs["_BLOCK"])
-        config = self.config(n)
+        config = self.config(n, settings.stages)
         grid = (triton.cdiv(n, config["_BLOCK"]),)
         kernel[grid](*args, **config, **constexprs)
         return grid[0]
 
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
-        return triton.cdiv(n, 64) if (not self.interpret and AUTOTUNE) else triton.cdiv(n, self.config(n)["_BLOCK"])
+        return triton.cdiv(n, 64) if self._autotuned(launch_settings()) else triton.cdiv(n, self.config(n)["_BLOCK"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,6 +319,7 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
         results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_vec)
         seqs = list(results[len(results) - 2 * n_st:len(results) - n_st]) if store_seqs else []
         return list(results[:n_out]), list(results[len(results) - n_st:]), seqs
+    launch_settings()  # a bad setting is an error even for calls that launch nothing (T=0)
     kernels = _kernels(compiled, inputs[0].device.type)
     tensors = [*inputs, *states]
     needs_grad = torch.is_grad_enabled() and (
