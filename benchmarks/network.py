@@ -1,0 +1,295 @@
+"""Training steps of whole spiking networks: where the neuron's speed shows (or hides) in practice.
+
+Two networks, each built with every neuron variant, timed side by side in one process:
+
+- ``vgg``: 4 conv+BN+neuron blocks on CIFAR-shaped input [T=4, B=64, 3, 32, 32], 10 classes;
+- ``shd``: a dense SNN on SHD-shaped input (700 -> 256 -> 256 -> 20, T=100, B=256).
+
+Variants: ``relu`` (the same network with ReLU: the cost of everything else), ``ours``
+(flexsn-dsl LIF, ``neurons/lif.yaml``), ``sj`` (SpikingJelly ``LIFNode``, multi-step, when
+installed), ``loop`` (a hand-written torch loop LIF with the same sigmoid surrogate).
+Columns: eager float32, ``torch.compile`` of the network float32, eager autocast bfloat16.
+
+One training step = forward, cross-entropy on the time-averaged output, backward, SGD step,
+``zero_grad``, reset of the neurons. Every (variant, column) is timed once per round, the
+variants alternating, over ``--rounds`` rounds; the table gives the median over rounds of each
+round's ``do_bench`` median (ms) with the spread (min-max), host ms per step (issuing the
+step, no waiting), GPU ms per step (CUDA kernel time from the profiler) and peak MiB.
+
+Usage: ``python benchmarks/network.py --net vgg shd [--rounds 3] [--json FILE]``;
+``--device cpu --quick`` runs tiny shapes on the CPU (a smoke test, no GPU numbers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import flexsn_dsl
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("relu", "ours", "sj", "loop")
+COLUMNS = ("eager", "compile", "bf16")
+SHAPES = {  # net -> (T, B) full size, quick size
+    "vgg": ((4, 64), (2, 4)),
+    "shd": ((100, 256), (5, 8)),
+}
+
+
+class SigmoidSpike(torch.autograd.Function):
+    """Heaviside forward, sigmoid surrogate (alpha=4) backward: the surrogate of lif.yaml."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return (x >= 0).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        sg = torch.sigmoid(4.0 * x)
+        return grad * 4.0 * sg * (1 - sg)
+
+
+class LoopLIF(nn.Module):
+    """LIF of neurons/lif.yaml (tau=2, v_th=1, hard reset to 0) as a Python loop over steps."""
+
+    def forward(self, x):
+        v = torch.zeros_like(x[0])
+        out = []
+        for t in range(x.shape[0]):
+            h = v + (x[t] - v) / 2.0
+            s = SigmoidSpike.apply(h - 1.0)
+            v = h * (1 - s)
+            out.append(s)
+        return torch.stack(out)
+
+    def reset(self):
+        pass
+
+
+class MultiStep(nn.Module):
+    """Applies a per-step module to [T, B, ...] by folding T into the batch."""
+
+    def __init__(self, *layers: nn.Module):
+        super().__init__()
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x):
+        y = self.body(x.flatten(0, 1))
+        return y.unflatten(0, x.shape[:2])
+
+
+def neuron(variant: str, device: str) -> nn.Module:
+    if variant == "relu":
+        return nn.ReLU()
+    if variant == "ours":
+        return flexsn_dsl.load(ROOT / "neurons" / "lif.yaml",
+                               backend="triton" if device == "cuda" else "torch")
+    if variant == "sj":
+        from spikingjelly.activation_based import neuron as sjn, surrogate
+        return sjn.LIFNode(tau=2.0, surrogate_function=surrogate.Sigmoid(alpha=4.0), detach_reset=False,
+                           step_mode="m", backend="torch")
+    if variant == "loop":
+        return LoopLIF()
+    raise ValueError(variant)
+
+
+def vgg(variant: str, device: str, quick: bool) -> nn.Module:
+    widths = (8, 16, 16, 16) if quick else (64, 128, 256, 256)
+    layers, c = [], 3
+    for i, w in enumerate(widths):
+        layers += [MultiStep(nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w)), neuron(variant, device)]
+        if i % 2 == 1:
+            layers.append(MultiStep(nn.MaxPool2d(2)))
+        c = w
+    layers += [MultiStep(nn.Flatten(), nn.Linear(c * 8 * 8, 10))]
+    return nn.Sequential(*layers)
+
+
+def shd(variant: str, device: str, quick: bool) -> nn.Module:
+    h = 16 if quick else 256
+    return nn.Sequential(nn.Linear(700, h), neuron(variant, device), nn.Linear(h, h), neuron(variant, device),
+                         nn.Linear(h, 20))
+
+
+def data(net: str, T: int, B: int, device: str):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    shape = (T, B, 3, 32, 32) if net == "vgg" else (T, B, 700)
+    x = torch.rand(shape, generator=g).to(device)
+    y = torch.randint(0, 20 if net == "shd" else 10, (B,), generator=g).to(device)
+    return x, y
+
+
+def reset_all(model: nn.Module) -> None:
+    for m in model.modules():
+        if m is not model and hasattr(m, "reset"):
+            m.reset()
+
+
+def make_step(net: str, variant: str, column: str, device: str, quick: bool):
+    """One training step of a fresh network (seeded), and the model it trains."""
+    torch.manual_seed(0)
+    model = (vgg if net == "vgg" else shd)(variant, device, quick).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    forward = torch.compile(model) if column == "compile" else model
+    autocast = column == "bf16"
+    T, B = SHAPES[net][1 if quick else 0]
+    x, y = data(net, T, B, device)
+
+    def step():
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=autocast):
+            loss = nn.functional.cross_entropy(forward(x).float().mean(0), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        reset_all(model)
+        return loss
+
+    return step
+
+
+def host_ms_per_step(step, device: str, calls: int = 10) -> float:
+    """Median host time of issuing one step (the GPU is synchronised before, not after)."""
+    times = []
+    for _ in range(calls):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def gpu_ms_per_step(step, steps: int = 5) -> float:
+    """CUDA kernel time per step, summed from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total and e.key and
+                   not e.is_user_annotation)
+    return total_us / 1e3 / steps
+
+
+def measure(step, device: str) -> dict:
+    for _ in range(3):
+        step()  # warm-up (compilation, autotuning, cudnn choice)
+    if device == "cuda":
+        from triton.testing import do_bench
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        ms = do_bench(step, warmup=25, rep=200, return_mode="median")
+        return {"ms": ms, "host_ms": host_ms_per_step(step, device), "gpu_ms": gpu_ms_per_step(step),
+                "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"ms": statistics.median(times), "host_ms": None, "gpu_ms": None, "peak_mib": None}
+
+
+def available(variant: str) -> str | None:
+    """Why a variant cannot run here, or None."""
+    if variant == "sj":
+        try:
+            import spikingjelly.activation_based.neuron  # noqa: F401
+        except ImportError:
+            return "spikingjelly not installed"
+    return None
+
+
+def run(nets, variants, columns, rounds: int, device: str, quick: bool, out=sys.stdout) -> list[dict]:
+    rows: dict[tuple, dict] = {}
+    steps: dict[tuple, object] = {}
+    for net in nets:
+        for variant in variants:
+            why = available(variant)
+            for column in columns:
+                key = (net, variant, column)
+                rows[key] = {"net": net, "variant": variant, "column": column, "rounds": []}
+                if why:
+                    rows[key]["skipped"] = why
+                    continue
+                try:
+                    steps[key] = make_step(net, variant, column, device, quick)
+                except Exception as exc:  # a peer that cannot build: say so in the row
+                    rows[key]["skipped"] = f"{type(exc).__name__}: {exc}"
+        for r in range(rounds):
+            for column in columns:
+                for variant in variants:
+                    key = (net, variant, column)
+                    if key not in steps:
+                        continue
+                    try:
+                        rows[key]["rounds"].append(measure(steps[key], device))
+                    except Exception as exc:
+                        rows[key]["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                        del steps[key]
+            print(f"{net}: round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    result = []
+    for key, row in rows.items():
+        ms = [m["ms"] for m in row["rounds"]]
+        if ms:
+            row["ms"] = statistics.median(ms)
+            row["ms_min"], row["ms_max"] = min(ms), max(ms)
+            for k in ("host_ms", "gpu_ms", "peak_mib"):
+                vals = [m[k] for m in row["rounds"] if m[k] is not None]
+                row[k] = statistics.median(vals) if vals else None
+        result.append(row)
+    print_table(result, out)
+    return result
+
+
+def _fmt(v, digits=2) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def print_table(rows: list[dict], out) -> None:
+    print("| net | variant | column | ms (median of rounds) | spread | host ms | GPU ms | peak MiB | "
+          "minus relu ms |", file=out)
+    print("|---|---|---|---|---|---|---|---|---|", file=out)
+    base = {(r["net"], r["column"]): r.get("ms") for r in rows if r["variant"] == "relu"}
+    for r in rows:
+        if "ms" not in r:
+            print(f"| {r['net']} | {r['variant']} | {r['column']} | skipped: {r.get('skipped', '')} |"
+                  " | | | | |", file=out)
+            continue
+        b = base.get((r["net"], r["column"]))
+        over = None if b is None else r["ms"] - b
+        print(f"| {r['net']} | {r['variant']} | {r['column']} | {_fmt(r['ms'])} | "
+              f"{_fmt(r['ms_min'])}–{_fmt(r['ms_max'])} | {_fmt(r['host_ms'])} | {_fmt(r['gpu_ms'])} | "
+              f"{_fmt(r['peak_mib'], 0)} | {_fmt(over)} |", file=out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--net", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
+    p.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    p.add_argument("--json", type=Path, help="write the rows as JSON")
+    a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
+    rows = run(a.net, a.variants, a.columns, a.rounds, a.device, a.quick)
+    if a.json:
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+                "date": time.strftime("%Y-%m-%d")}
+        a.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
