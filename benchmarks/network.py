@@ -208,15 +208,18 @@ def available(variant: str) -> str | None:
     return None
 
 
-def run(nets, variants, columns, rounds: int, device: str, quick: bool, out=sys.stdout) -> list[dict]:
+def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_peers: bool = False,
+        out=sys.stdout) -> list[dict]:
     rows: dict[tuple, dict] = {}
     steps: dict[tuple, object] = {}
     for net in nets:
         for variant in variants:
-            why = available(variant)
             for column in columns:
                 key = (net, variant, column)
                 rows[key] = {"net": net, "variant": variant, "column": column, "rounds": []}
+                why = available(variant)
+                if column == "compile" and variant in ("sj", "loop") and not compile_peers:
+                    why = "compiling the peers takes minutes (--compile-peers runs them)"
                 if why:
                     rows[key]["skipped"] = why
                     continue
@@ -279,11 +282,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    p.add_argument("--compile-peers", action="store_true", help="also torch.compile the SpikingJelly and loop networks")
     p.add_argument("--json", type=Path, help="write the rows as JSON")
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
-    rows = run(a.net, a.variants, a.columns, a.rounds, a.device, a.quick)
+    rows = run(a.net, a.variants, a.columns, a.rounds, a.device, a.quick, a.compile_peers)
     if a.json:
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                 "date": time.strftime("%Y-%m-%d")}
