@@ -4,6 +4,7 @@ from __future__ import annotations
 import sympy
 
 from .ir import StepIR
+from .literals import identifier
 from .model import NeuronModel
 from .printer import TORCH, Printer
 
@@ -19,7 +20,7 @@ def _surrogate_lines(p: Printer, g: sympy.Expr) -> list[str]:
         return [f"return grad * x.new_full((), {p(g)})"]
     try:
         temps, (reduced,) = sympy.cse([g], symbols=sympy.numbered_symbols("_g", real=True))
-        lines = [f"{sym.name} = {p(expr)}" for sym, expr in temps]
+        lines = [f"{identifier(sym.name)} = {p(expr)}" for sym, expr in temps]
         return [*lines, f"return grad * ({p(reduced)})"]
     except (ValueError, TypeError):  # something cse produced that the printer cannot print
         return [f"return grad * ({p(g)})"]
@@ -28,20 +29,23 @@ def _surrogate_lines(p: Printer, g: sympy.Expr) -> list[str]:
 def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
     """Python source defining ``step(...)`` and ``initial_states(...)`` with torch ops."""
     p = Printer(TORCH)
-    args = ", ".join(ir.input_names + ir.state_names)
-    kwargs = (", *, " + ", ".join(ir.param_names)) if ir.params else ""
-    body = [f"{sym.name} = {p(expr)}" for sym, expr in ir.assignments]
+    inputs, states, params = ([identifier(n) for n in names] for names in (ir.input_names, ir.state_names,
+                                                                          ir.param_names))
+    output_names = [identifier(n) for n in ir.output_names]
+    args = ", ".join(inputs + states)
+    kwargs = (", *, " + ", ".join(params)) if params else ""
+    body = [f"{identifier(sym.name)} = {p(expr)}" for sym, expr in ir.assignments]
     outs = "".join(f"{p(s)}, " for s in ir.outputs)
     nexts = "".join(f"{p(s)}, " for s in ir.next_states)
     body.append(f"return ({outs}), ({nexts})")
     inits = "".join(f"{p(init)}, " for init in ir.initial_states)
-    init_kwargs = ("*, " + ", ".join(ir.param_names)) if ir.params else ""
+    init_kwargs = ("*, " + ", ".join(params)) if params else ""
     return f'''{header}
 import torch
 
 
 class Spike(torch.autograd.Function):
-    """Heaviside forward (x >= 0); surrogate gradient {model.surrogate.name} backward."""
+    """Heaviside forward (x >= 0); surrogate gradient {identifier(model.surrogate.name)} backward."""
 
     @staticmethod
     def forward(ctx, x):
@@ -58,12 +62,12 @@ _spike = Spike.apply
 
 
 def step({args}{kwargs}):
-    """One time step: returns (outputs {list(ir.output_names)}), (next states {list(ir.state_names)})."""
+    """One time step: returns (outputs {output_names}), (next states {states})."""
 {_indent(body)}
 
 
 def initial_states({init_kwargs}):
-    """Initial value of each state {list(ir.state_names)} (numbers or 0-dim tensors)."""
+    """Initial value of each state {states} (numbers or 0-dim tensors)."""
     return ({inits})
 '''
 

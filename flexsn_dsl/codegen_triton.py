@@ -12,6 +12,7 @@ import sympy
 
 from .autodiff import Backward, differentiate, name_spike_arguments
 from .ir import StepIR
+from .literals import identifier, number
 from .printer import TRITON, Printer
 
 
@@ -62,6 +63,20 @@ class FlexSNInfo:
     def num_params(self) -> int:
         return len(self.param_names)
 
+    def __post_init__(self) -> None:
+        """Every name is a checked identifier and every number finite: templates print them as they are."""
+        identifier(self.neuron, keyword_ok=True)
+        for names in (self.input_names, self.state_names, self.output_names, self.param_names, self.constants,
+                      self.fwd_core_returns, self.fwd_core_recipients, self.fwd_kernel_returns, self.saved_names,
+                      self.bwd_core_args, self.bwd_core_returns, self.output_vars):
+            for name in names:
+                identifier(name)
+        for kind, index in self.c2k_return_mapping:
+            if kind not in ("input", "output", "saved") or isinstance(index, bool) or not isinstance(index, int):
+                raise ValueError(f"bad c2k_return_mapping entry {(kind, index)!r}")
+        for v in (*self.constants.values(), *self.initial_values):
+            number(v)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -75,7 +90,7 @@ class Cores:
 
 
 def _assignments(printer: Printer, lines) -> list[str]:
-    return [f"    {sym.name} = {printer(expr)}" for sym, expr in lines]
+    return [f"    {identifier(sym.name)} = {printer(expr)}" for sym, expr in lines]
 
 
 def _tensor(printer: Printer, expr: sympy.Expr, like: str) -> str:
@@ -90,8 +105,10 @@ def build_cores(ir: StepIR) -> Cores:
     ir = name_spike_arguments(ir)
     backward: Backward = differentiate(ir)
     p = Printer(TRITON)
-    name = ir.name
-    inputs, states, params = list(ir.input_names), list(ir.state_names), list(ir.param_names)
+    name = identifier(ir.name, keyword_ok=True)  # only a prefix: `class_forward_core` is fine
+    forward_name, backward_name = identifier(f"{name}_forward_core"), identifier(f"{name}_backward_core")
+    inputs, states, params = ([identifier(n) for n in names] for names in (ir.input_names, ir.state_names,
+                                                                          ir.param_names))
 
     # Where each value the backward reads comes from.
     mapping, extras = [], []
@@ -122,8 +139,9 @@ def build_cores(ir: StepIR) -> Cores:
 
     fwd_args = ", ".join(inputs + states + params)
     first_tensor = (inputs + states)[0]
-    fwd = [f"@triton.jit", f"def {name}_forward_core({fwd_args}):",
-           f'    """One step of {name}: returns outputs {inputs and tuple(ir.output_names)}, next states, saved values."""']
+    output_names = tuple(identifier(n) for n in ir.output_names)
+    fwd = [f"@triton.jit", f"def {forward_name}({fwd_args}):",
+           f'    """One step of {name}: returns outputs {inputs and output_names}, next states, saved values."""']
     fwd += _assignments(p, ir.assignments)
     folded = {s: e for s, e in ir.assignments if e.is_number}
     fwd.append("    return " + ", ".join(_tensor(p, folded.get(s, s), first_tensor)
@@ -132,7 +150,7 @@ def build_cores(ir: StepIR) -> Cores:
     bwd_args = [s.name for s in backward.saved] + [s.name for s in backward.seeds] + params
     bwd_returns = [f"grad__{n}" for n in inputs + states + params]
     seed_ref = backward.seeds[0].name
-    bwd = [f"@triton.jit", f"def {name}_backward_core({', '.join(bwd_args)}):",
+    bwd = [f"@triton.jit", f"def {backward_name}({', '.join(identifier(a) for a in bwd_args)}):",
            f'    """Reverse of one step: gradients of inputs, previous states and learnable parameters."""']
     if backward.recompute:
         bwd.append("    # recompute the forward values the gradients need")
@@ -146,7 +164,7 @@ def build_cores(ir: StepIR) -> Cores:
         neuron=name,
         input_names=tuple(inputs),
         state_names=tuple(states),
-        output_names=tuple(ir.output_names),
+        output_names=output_names,
         param_names=tuple(params),
         constants=dict(ir.constants),
         fwd_core_returns=tuple(core_returns),
@@ -161,4 +179,4 @@ def build_cores(ir: StepIR) -> Cores:
             v.is_number for v in ir.initial_states) else (),
     )
     source = "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
-    return Cores(f"{name}_forward_core", f"{name}_backward_core", source, info)
+    return Cores(forward_name, backward_name, source, info)

@@ -8,6 +8,7 @@ from typing import Callable, Mapping
 import sympy
 from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
+from .literals import identifier, number
 from .symbolic import Detach, Sigmoid, Spike, SurrogateGrad
 
 ATOM, POW, UNARY, MUL, ADD, CMP, AND, OR = 100, 60, 50, 40, 30, 20, 15, 10
@@ -66,12 +67,12 @@ _CMP = {sympy.StrictLessThan: "<", sympy.LessThan: "<=", sympy.StrictGreaterThan
 
 
 def float_literal(value: float) -> str:
+    """A float as source: exact for finite values, ``float('inf')``-style text otherwise."""
     if math.isnan(value):
         return "float('nan')"
     if math.isinf(value):
         return "float('inf')" if value > 0 else "-float('inf')"
-    text = repr(float(value))
-    return text
+    return number(float(value))
 
 
 class Printer:
@@ -95,7 +96,7 @@ class Printer:
             text = float_literal(value)
             return self._wrap(text, UNARY, outer) if text.startswith("-") else text
         if isinstance(e, sympy.Symbol):
-            return self.names.get(e, e.name)
+            return identifier(self.names.get(e, e.name))
         if isinstance(e, sympy.Add):
             return self._add(e, outer)
         if isinstance(e, sympy.Mul):
@@ -212,7 +213,7 @@ class Printer:
         if a_num and b_num:
             like = sorted(cond.free_symbols, key=lambda s: s.name)
             if like:
-                return self.dialect.scalar_where(cond_text, a_text, b_text, self.names.get(like[0], like[0].name))
+                return self.dialect.scalar_where(cond_text, a_text, b_text, self._print(like[0], ATOM))
         return self.dialect.where.format(cond_text, a_text, b_text)
 
     def _piecewise(self, e: sympy.Piecewise, fold: bool = True) -> str:

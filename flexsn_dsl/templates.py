@@ -17,10 +17,14 @@ Flags (constexpr, so each setting compiles to its own kernel without dead branch
 reading ``<state>__init`` (a fresh or reset module); ``_HAS_FINAL_GRADS`` and
 ``_HAS_STATE_GRADS`` say which upstream state gradients exist; ``_WRITE_INIT_GRADS``
 says whether the initial states need gradients.
+
+Names come from a :class:`FlexSNInfo`, whose fields are checked identifiers and
+finite numbers (:mod:`flexsn_dsl.literals`); INFO is printed with ``literals.value``.
 """
 from __future__ import annotations
 
 from .codegen_triton import Cores, FlexSNInfo
+from .literals import identifier, value
 from .printer import float_literal
 
 HEAVISIDE = '''@triton.jit
@@ -46,7 +50,7 @@ def _store(ptr: str, value: str) -> str:
 
 
 def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
-    lines = ["@triton.jit", f"def {info.neuron}_{name}_kernel("]
+    lines = ["@triton.jit", f"def {identifier(f'{info.neuron}_{name}_kernel')}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
     lines += [f"{I1}_T, _N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr{flags},", "):"]
     return lines
@@ -175,6 +179,6 @@ def module_source(cores: Cores, header: str) -> str:
     return (f"{header}\n"
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n"
             "from flexsn_dsl.codegen_triton import FlexSNInfo\n\n"
-            f"INFO = FlexSNInfo(**{cores.info.to_dict()!r})\n\n\n"
+            f"INFO = FlexSNInfo(**{value(cores.info.to_dict())})\n\n\n"
             f"{HEAVISIDE}\n\n"
             f"{cores.source}\n\n{kernels}")
