@@ -76,3 +76,8 @@ class SpecError(Exception):
 
 class PluginError(SpecError):
     """A plugin that registers something invalid or raises; names the plugin."""
+
+
+class SpecTypeError(SpecError, TypeError):
+    """A Python argument of the wrong type (``params=[...]``, ``loads(None)``): a TypeError,
+    and a SpecError like every other refusal of the API."""

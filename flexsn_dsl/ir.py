@@ -7,14 +7,16 @@ straight-line program: ``assignments`` in order, then ``outputs`` and
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Mapping
 
 import sympy
 
-from .errors import SourcePos, SpecError
+from .errors import SourcePos, SpecError, SpecTypeError
 from .expressions import closest
-from .model import NeuronModel, check_values
+from .model import NeuronModel, fold_values
 from .symbolic import real_symbol
 
 
@@ -50,24 +52,41 @@ class StepIR:
         return tuple(s.name for s in self.params)
 
 
-def resolve_params(model: NeuronModel, overrides: dict[str, float] | None) -> dict[str, float]:
-    """Parameter values with ``overrides`` applied (unknown names are an error)."""
+def param_value(name: str, value: object, pos: SourcePos | None = None) -> float:
+    """A parameter value given in Python (``params=``) as a float: a real number or a one-element
+    tensor or array of one, not a bool, and finite. ``pos`` is where the parameter is declared."""
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()  # a 0-dim tensor or array
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SpecTypeError(f"params[{name!r}] must be a number, not {type(value).__name__} {value!r}", pos,
+                            f"pass a float, e.g. params={{{name!r}: 2.0}}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise SpecError(f"params[{name!r}] = {number} is not a finite number", pos,
+                        "give a finite value; the generated code holds only finite constants")
+    return number
+
+
+def resolve_params(model: NeuronModel, overrides: Mapping[str, float] | None) -> dict[str, float]:
+    """Parameter values with ``overrides`` (``params=``) applied and checked."""
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise SpecTypeError(f"params= must be a dict of parameter name -> number, not {type(overrides).__name__}",
+                            hint="e.g. params={'tau': 2.0}")
     values = {p.name: p.value for p in model.parameters.values()}
+    lines = model.text.splitlines()
     for name, value in (overrides or {}).items():
         if name not in values:
-            hint = closest(name, values)
+            hint = closest(str(name), values)
             raise SpecError(f"{model.file}: params= names {name!r}, which is not a parameter of {model.name!r}",
                             hint=hint or f"parameters: {', '.join(values) or 'none'}")
         try:
-            values[name] = float(value)
-        except (TypeError, ValueError):
-            raise SpecError(f"params[{name!r}] must be a number, got {value!r}") from None
+            values[name] = param_value(name, value, model.parameters[name].pos)
+        except SpecError as exc:
+            raise exc.with_source(lines) from None
     if overrides:
-        lines = model.text.splitlines()
         try:
-            check_values(model.states, model.steps, values,
-                         lambda n: f"{n} = {values[n]:g} (" + ("params=" if n in overrides else
-                                                               f"line {model.parameters[n].pos.line}") + ")")
+            fold_values(model, values, lambda n: f"{n} = {values[n]:g} (" + (
+                "params=" if n in overrides else f"line {model.parameters[n].pos.line}") + ")")
         except SpecError as exc:
             raise exc.with_source(lines) from None
     return values
@@ -75,25 +94,19 @@ def resolve_params(model: NeuronModel, overrides: dict[str, float] | None) -> di
 
 def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
     """Lower a validated model with these parameter values to the step IR."""
-    constants = {real_symbol(n): sympy.Float(values[n]) for n, p in model.parameters.items() if not p.learnable}
-    assignments = []
-    for a in model.steps:  # substitute constants, and propagate lines that fold to a number
-        expr = sympy.sympify(a.expr).xreplace(constants)
-        if expr.is_number:
-            constants[a.symbol] = expr
-        assignments.append((a.symbol, expr))
+    folded = fold_values(model, values)
     surrogate = model.surrogate.gradient_with(model.surrogate_params)
     return StepIR(
         name=model.name,
         inputs=tuple(real_symbol(n) for n in model.inputs),
         states=tuple(real_symbol(n) for n in model.states),
         params=tuple(real_symbol(n) for n in model.learnable),
-        assignments=tuple(assignments),
+        assignments=tuple((a.symbol, expr) for a, expr in zip(model.steps, folded.steps)),
         outputs=tuple(sym for _, sym in model.outputs),
         next_states=tuple(model.next_states[n] for n in model.states),
         surrogate=sympy.sympify(surrogate),
         output_names=tuple(name for name, _ in model.outputs),
         constants=tuple((n, values[n]) for n, p in model.parameters.items() if not p.learnable),
-        initial_states=tuple(sympy.sympify(model.states[n].init).xreplace(constants) for n in model.states),
+        initial_states=folded.initial_states,
         positions=tuple(a.pos for a in model.steps),
     )

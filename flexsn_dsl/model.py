@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import sympy
 
@@ -18,7 +19,7 @@ from .errors import SourcePos, SpecError
 from .expressions import DSL_FUNCTIONS, MAX_CONDITION_NODES, ExpressionParser, closest
 from .plugins import Plugins, Surrogate
 from .source import Node, parse_yaml
-from .symbolic import Spike, real_symbol
+from .symbolic import Detach, Spike, real_symbol
 
 TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "surrogate", "step", "outputs", "passes")
 REQUIRED_KEYS = ("neuron", "states", "step")
@@ -28,6 +29,7 @@ MAX_STEP_LINES = 1000
 MAX_SPEC_TERMS = 20_000  # syntax-tree nodes over all expressions of a spec (bounds the time sympy takes)
 # A plain YAML scalar that YAML 1.1 reads as text but everyone means as a number: 1e-3, 5E2.
 _NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
+_OCTAL_TEXT = re.compile(r"[-+]?0o_?[0-7]+(_[0-7]+)*")  # YAML 1.2 octal (YAML 1.1 writes 012: refused in source.py)
 
 
 @dataclass(frozen=True)
@@ -103,17 +105,6 @@ def _reserved_hint(name: str) -> str:
     return f"{name!r} is used by the generated code: choose another name, e.g. {name}_"
 
 
-_NOT_FINITE = (sympy.zoo, sympy.nan, sympy.oo, -sympy.oo, sympy.I)
-
-
-def _not_finite(expr: sympy.Expr, values: dict) -> bool:
-    """Whether ``expr`` with ``values`` substituted contains an infinity, a NaN or an imaginary part."""
-    try:
-        return expr.xreplace(values).has(*_NOT_FINITE)
-    except (TypeError, ValueError, ZeroDivisionError):  # e.g. "Invalid comparison of non-real zoo"
-        return True
-
-
 def _type_name(node: Node) -> str:
     if node.kind != "scalar":
         return node.kind
@@ -174,8 +165,11 @@ class _Builder:
 
     def _number(self, node: Node, what: str) -> float:
         value = node.value
-        if node.kind == "scalar" and node.style is None and isinstance(value, str) and _NUMBER_TEXT.fullmatch(value):
-            value = float(value.replace("_", ""))  # 1e-3: YAML 1.1 reads it as text
+        if node.kind == "scalar" and node.style is None and isinstance(value, str):
+            if _NUMBER_TEXT.fullmatch(value):
+                value = float(value.replace("_", ""))  # 1e-3: YAML 1.1 reads it as text
+            elif _OCTAL_TEXT.fullmatch(value):
+                value = int(value, 0)
         if node.kind != "scalar" or isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{what} must be a number, not nothing" if node.kind == "scalar" and value is None
                             else f"{what} must be a number, not {_type_name(node)} {value!r}" if node.kind == "scalar"
@@ -219,13 +213,14 @@ class _Builder:
         states = self._states(parameters)
         surrogate, surrogate_params = self._surrogate()
         steps, next_states, env, spike_names = self._steps(inputs, parameters, states)
-        check_values(states, steps, {p.name: p.value for p in parameters.values()},
-                     lambda n: f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})")
         outputs = self._outputs(env, spike_names)
         passes = self._passes()
-        return NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
-                           surrogate_params, steps, outputs, next_states, passes,
-                           {k: self._key_pos(k) for k in top})
+        model = NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
+                            surrogate_params, steps, outputs, next_states, passes,
+                            {k: self._key_pos(k) for k in top})
+        fold_values(model, {p.name: p.value for p in parameters.values()},
+                    lambda n: f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})")
+        return model
 
     def _inputs(self) -> list[str]:
         node = self._get("inputs")
@@ -362,11 +357,10 @@ class _Builder:
                 raise SpecError(f"surrogate {name!r} has no parameter {key!r}", node.key_pos[key],
                                 hint or f"its parameters: {known}")
             values[key] = self._number(value, f"surrogate parameter {key!r}")
-        if params and _not_finite(surrogate.gradient, {real_symbol(k): sympy.Float(v) for k, v in values.items()}):
+        if params and not _finite_with(surrogate.gradient, {real_symbol(k): sympy.Float(v) for k, v in values.items()}):
             defaults = {real_symbol(k): sympy.Float(v) for k, v in surrogate.params.items()}
-            culprit = next((k for k in params
-                            if _not_finite(surrogate.gradient, {**defaults, real_symbol(k): sympy.Float(values[k])})),
-                           None)
+            culprit = next((k for k in params if not _finite_with(
+                surrogate.gradient, {**defaults, real_symbol(k): sympy.Float(values[k])})), None)
             where = params[culprit].pos if culprit else node.pos
             shown = ", ".join(f"{k}={v:g}" for k, v in values.items())
             raise SpecError(f"surrogate {name!r} with {shown} has a gradient that is not a finite real number "
@@ -452,24 +446,81 @@ class _Builder:
         return names
 
 
-def check_values(states, steps, values: dict[str, float], describe) -> None:
-    """Refuse expressions that these parameter values make infinite or complex (x / tau with tau: 0);
-    ``describe(name)`` says where a value came from."""
-    symbols = {real_symbol(n): sympy.Float(v) for n, v in values.items()}
+@dataclass(frozen=True)
+class Folded:
+    """A model's expressions with the constant parameters substituted and folded by sympy
+    (learnable parameters stay symbols); every constant in them is a finite float64."""
 
-    def culprits(expr: sympy.Expr) -> str:
-        return ", ".join(describe(n) for n in sorted(s.name for s in expr.free_symbols if s in symbols))
+    steps: tuple[sympy.Expr, ...]
+    initial_states: tuple[sympy.Expr, ...]
+    constants: dict[sympy.Symbol, sympy.Expr]  # constant parameters, and steps that fold to a number
 
-    hint = ("a division by zero, or log/sqrt of a number <= 0: change the parameter value, "
-            "or guard the expression with where(...)")
-    for state in (states.values() if isinstance(states, dict) else states):
-        if state.init.free_symbols and _not_finite(state.init, symbols):
-            raise SpecError(f"the initial value of state {state.name!r} is not a finite real number with "
-                            f"{culprits(state.init)}", state.pos, hint)
-    for step in steps:
-        if any(s in symbols for s in step.expr.free_symbols) and _not_finite(step.expr, symbols):
-            raise SpecError(f"step {step.name!r} is not a finite real number with {culprits(step.expr)}",
-                            step.pos, hint)
+
+def _finite(expr: sympy.Expr) -> bool:
+    """Whether every constant part of ``expr`` (each is printed as one float literal) is a
+    finite real float64: no infinity, NaN, complex number or value beyond 1.8e308."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, sympy.Expr) and e.is_number and not e.has(Spike, Detach):
+            try:
+                number = complex(e)
+            except (TypeError, ValueError, OverflowError, ZeroDivisionError):  # zoo, nan, 1e400 as a Float
+                return False
+            if number.imag != 0 or not math.isfinite(number.real):
+                return False
+        else:
+            stack.extend(e.args)
+    return True
+
+
+def _finite_with(expr: sympy.Expr, values: dict[sympy.Symbol, sympy.Expr]) -> bool:
+    """:func:`_finite` of ``expr`` with ``values`` substituted."""
+    try:
+        return _finite(expr.xreplace(values))
+    except (TypeError, ValueError, ZeroDivisionError):  # e.g. "Invalid comparison of non-real zoo"
+        return False
+
+
+def fold_values(model: NeuronModel, values: dict[str, float],
+                describe: Callable[[str], str] | None = None) -> Folded:
+    """Substitute parameter ``values`` into the model and fold constants; refuse a step or
+    initial value that becomes infinite, NaN or complex (x / tau with tau: 0, tau * 1e308).
+
+    Learnable parameters stay symbols in the result but are checked with their initial
+    values too. ``describe(name)`` says where a parameter's value came from."""
+    describe = describe or (lambda n: f"{n} = {values[n]:g}")
+    learnable = set(model.learnable)
+    constants = {real_symbol(n): sympy.Float(v) for n, v in values.items() if n not in learnable}
+    checked = {**constants, **{real_symbol(n): sympy.Float(values[n]) for n in learnable}}
+    hint = ("a division by zero, log/sqrt of a number <= 0, or a number beyond 1.8e308: change the "
+            "parameter value, or guard the expression with where(...)")
+
+    folded_steps: dict[sympy.Symbol, Assignment] = {}  # steps that fold to a number
+
+    def fold(expr: sympy.Expr, what: str, pos: SourcePos) -> sympy.Expr:
+        try:
+            folded = sympy.sympify(expr).xreplace(constants)
+            if _finite(folded) and _finite_with(folded, checked):
+                return folded
+        except (TypeError, ValueError, ZeroDivisionError):  # e.g. "Invalid comparison of non-real zoo"
+            pass
+        culprits = [describe(s.name) for s in sorted(expr.free_symbols, key=str) if s.name in values] + \
+                   [f"{folded_steps[s].name} = {float(constants[s]):g} (line {folded_steps[s].pos.line})"
+                    for s in sorted(expr.free_symbols, key=str) if s in folded_steps]
+        raise SpecError(f"{what} is not a finite real number" + (f" with {', '.join(culprits)}" if culprits else ""),
+                        pos, hint)
+
+    steps = []
+    for step in model.steps:
+        folded = fold(step.expr, f"step {step.name!r}", step.pos)
+        if folded.is_number:
+            constants[step.symbol] = checked[step.symbol] = folded
+            folded_steps[step.symbol] = step
+        steps.append(folded)
+    inits = [fold(state.init, f"the initial value of state {state.name!r}", state.pos)
+             for state in model.states.values()]
+    return Folded(tuple(steps), tuple(inits), constants)
 
 
 def build_model(text: str, file: str, plugins: Plugins) -> NeuronModel:

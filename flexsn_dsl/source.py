@@ -7,6 +7,7 @@ is bounded.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,42 @@ _SAFE_TAGS = {
     "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null",
     "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq",
 }
+_INT, _FLOAT, _STR = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:str"
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")  # 012: octal in YAML 1.1, text in YAML 1.2
+MAX_INT_CHARS = 400  # an integer this long is far beyond a float64 (and slow to convert)
+
+
+def _number_text_error(node: yaml.ScalarNode, pos: SourcePos) -> SpecError | None:
+    """Plain numbers that YAML 1.1 reads differently from a person: 012 (octal 10),
+    1:30 (base 60: 90); and integers too long for any float64."""
+    if node.style is not None or node.tag not in (_INT, _FLOAT, _STR):
+        return None
+    text = node.value
+    if _LEADING_ZERO.fullmatch(text):
+        sign = text[0] if text[0] in "+-" else ""
+        decimal = sign + (text.lstrip("+-").replace("_", "").lstrip("0") or "0")
+        read = f"as the octal number {int(text.replace('_', ''), 8)}" if node.tag == _INT else "as text"
+        return SpecError(f"YAML 1.1 reads {text} (a number with a leading zero) {read}", pos,
+                         f"write {decimal} without the leading zero (or 0o... for an octal number), "
+                         "or quote it if it is text")
+    if node.tag == _STR:
+        return None
+    if ":" in text:
+        value = f"{_sexagesimal(text):g}"
+        return SpecError(f"YAML 1.1 reads {text} as a base-60 number ({value})", pos,
+                         f"write the number itself (e.g. {value}), or quote it if it is text")
+    if node.tag == _INT and len(text) > MAX_INT_CHARS:
+        return SpecError(f"this integer has {len(text)} characters, far too large for a float64", pos,
+                         "write a number between -1.8e308 and 1.8e308")
+    return None
+
+
+def _sexagesimal(text: str) -> float:
+    sign = -1 if text.startswith("-") else 1
+    value = 0.0
+    for part in text.lstrip("+-").replace("_", "").split(":"):
+        value = value * 60 + float(part)
+    return sign * value
 
 
 # What a duplicate key means, by the path of the mapping it is in.
@@ -152,7 +189,7 @@ class _Converter:
                     raise SpecError("mapping keys must be plain names", kpos,
                                     "write `name: value`, with a name (not a list, mapping or tagged value) "
                                     "before the colon")
-                key = self.loader.construct_object(key_node)
+                key = self._scalar(key_node, kpos)
                 if key is None or isinstance(key, (list, dict)):
                     raise SpecError("mapping keys must be plain names", kpos,
                                     "write `name: value`, with a name before the colon")
@@ -172,9 +209,15 @@ class _Converter:
             items = [self.convert(item, path + ("[]",)) for item in node.value]
             self.active.discard(id(node))
             return Node(items, pos)
-        value = self.loader.construct_object(node)
+        value = self._scalar(node, pos)
         return Node(value, pos, style=node.style, source=self.text,
                     span=(node.start_mark.index, node.end_mark.index))
+
+    def _scalar(self, node: yaml.ScalarNode, pos: SourcePos):
+        error = _number_text_error(node, pos)
+        if error is not None:
+            raise error
+        return self.loader.construct_object(node)
 
 
 def _tag_error(node: yaml.Node, pos: SourcePos) -> SpecError:

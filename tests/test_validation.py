@@ -1,0 +1,221 @@
+"""The validated model refuses every bad input with a clear ``file:line:col`` error, and
+``flexsn-dsl check`` gives the same verdict as ``load``.
+
+Each table row is a bad spec with the line and column of the offending token and a piece
+of the message or hint. Every row is loaded (``load`` from a file) and checked (``flexsn-dsl
+check`` in-process): both must refuse it with the same message at the same place.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import flexsn_dsl
+from flexsn_dsl import SpecError
+from flexsn_dsl.cli import main
+from flexsn_dsl.errors import SpecTypeError
+
+P = pytest.param
+
+LIF = """\
+neuron: n
+parameters:
+  tau: {tau}
+states:
+  v: {init}
+step:
+  v: v + (x - v) / tau
+  s: spike(v - 1.0)
+"""
+
+
+def lif(tau: str = "2.0", init: str = "0.0") -> str:
+    """A LIF spec with ``tau`` (line 3, column 8) and the initial value of v (line 5, column 6)."""
+    return LIF.format(tau=tau, init=init)
+
+
+def refused(tmp_path, text: str, capsys, **load_kwargs) -> SpecError:
+    """Load ``text`` from a file and run ``flexsn-dsl check`` on it: both must refuse it with
+    the same message; returns the error ``load`` raised."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        flexsn_dsl.load(path, backend="torch", **load_kwargs)
+    exc = info.value
+    args = [f"--param={k}={v}" for k, v in load_kwargs.get("params", {}).items()]
+    capsys.readouterr()
+    assert main(["check", str(path), *args]) == 1
+    err = capsys.readouterr().err
+    assert exc.format() in err, err
+    assert "internal error" not in err and "Traceback" not in err
+    return exc
+
+
+def assert_at(exc: SpecError, line: int, col: int, fragment: str) -> None:
+    assert (exc.line, exc.col) == (line, col), str(exc)
+    assert fragment in f"{exc.message} {exc.hint}", str(exc)
+    assert exc.hint and exc.file.endswith("bad.yaml")
+
+
+# ---------------------------------------------------------------------------------------
+# YAML 1.1 numbers: never silently octal or base 60
+# ---------------------------------------------------------------------------------------
+YAML_NUMBERS = [
+    P(lif(tau="012"), 3, 8, "octal number 10", id="octal-parameter"),
+    P(lif(tau="-012"), 3, 8, "write -12", id="negative-octal"),
+    P(lif(tau="+0_17"), 3, 8, "octal number 15", id="octal-underscore"),
+    P(lif(tau="00"), 3, 8, "leading zero", id="double-zero"),
+    P(lif(tau="08"), 3, 8, "leading zero", id="leading-zero-not-octal"),
+    P(lif(tau="{value: 010, learnable: true}"), 3, 16, "write 10 without the leading zero", id="octal-in-mapping"),
+    P(lif(init="012"), 5, 6, "octal number 10", id="octal-initial-value"),
+    P(lif(tau="1:30"), 3, 8, "base-60 number (90)", id="sexagesimal"),
+    P(lif(tau="-1:30"), 3, 8, "(-90)", id="negative-sexagesimal"),
+    P(lif(tau="1:30.5"), 3, 8, "(90.5)", id="sexagesimal-float"),
+    P(lif(tau="1:00:00"), 3, 8, "(3600)", id="sexagesimal-hours"),
+    P(lif(init="2:00"), 5, 6, "(120)", id="sexagesimal-initial-value"),
+    P(lif().replace("s: spike(v - 1.0)", "s: spike(v - 1.0)\n  w: 1:30"), 9, 6, "(90)", id="sexagesimal-step"),
+    P(lif().replace("  v: v + (x", "  012: 1.0\n  v: v + (x"), 7, 3, "octal number 10", id="octal-key"),
+    P(lif(tau="1" * 5000), 3, 8, "5000 characters", id="huge-int"),
+    P(lif(tau="-" + "9" * 4301), 3, 8, "4302 characters", id="huge-negative-int"),
+    P(lif(init="1" * 401), 5, 6, "far too large for a float64", id="huge-int-initial-value"),
+    P(lif(tau="1" + "0" * 309), 3, 8, "too large for a float64", id="int-beyond-float64"),
+]
+
+
+@pytest.mark.parametrize("text, line, col, fragment", YAML_NUMBERS)
+def test_yaml_1_1_numbers_are_refused_with_a_hint(tmp_path, capsys, text, line, col, fragment):
+    assert_at(refused(tmp_path, text, capsys), line, col, fragment)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("0x1F", 0x1F), ("0b101", 0b101), ("0o17", 0o17), ("-0o1_7", -0o17), ("12", 12), ("0", 0), ("0.5", 0.5),
+    ("1_000", 1000), ("1e-3", 1e-3), ("012.5", 12.5), ("'012'", None), ("'1:30'", None),
+])
+def test_unambiguous_numbers_read_as_written(text, value):
+    """Prefixed integers are read as Python reads them; a quoted 012 is text, which a
+    parameter refuses as not a number (never as 10)."""
+    spec = lif(tau=text)
+    if value is None:
+        with pytest.raises(SpecError, match="must be a number, not str"):
+            flexsn_dsl.loads(spec, backend="torch")
+        return
+    spec = spec.replace("(x - v) / tau", "(x - v) * tau")  # tau = 0 is allowed here
+    m = flexsn_dsl.loads(spec, backend="torch")
+    assert m.spec.parameters["tau"].value == value
+
+
+# ---------------------------------------------------------------------------------------
+# Non-finite values: refused in parameters, initial values, expressions and after folding
+# ---------------------------------------------------------------------------------------
+FOLD = """\
+neuron: n
+parameters:
+  big: {big}
+states:
+  v: {init}
+step:
+  a: big * 10.0
+  v: v + x * {use}
+  s: spike(v - 1.0)
+"""
+
+
+def fold(big: str = "1.0e300", init: str = "0.0", use: str = "a * 1.0e10") -> str:
+    return FOLD.format(big=big, init=init, use=use)
+
+
+NON_FINITE = [
+    P(lif(tau=".inf"), 3, 8, "infinite", id="inf-parameter"),
+    P(lif(tau="-.inf"), 3, 8, "infinite", id="minus-inf-parameter"),
+    P(lif(tau=".nan"), 3, 8, "NaN", id="nan-parameter"),
+    P(lif(tau="1e309"), 3, 8, "infinite or too large", id="overflowing-parameter"),
+    P(lif(tau="{value: -2e400, learnable: true}"), 3, 16, "infinite or too large", id="overflowing-learnable"),
+    P(lif(init=".inf"), 5, 6, "infinite", id="inf-initial-value"),
+    P(lif(init="1.0e308 * 10"), 5, 6, "not a finite real number", id="overflowing-initial-value"),
+    P(lif(init="tau * 1.0e308"), 5, 3, "tau = 2 (line 3)", id="initial-value-folds-to-inf"),
+    P(lif().replace("v - 1.0", "v - 1.0e308 * 10"), 8, 16, "not a finite real number", id="overflowing-expression"),
+    P(lif().replace("(x - v) / tau", "(x - v) * tau * 1.0e308"), 7, 3, "tau = 2 (line 3)",
+      id="expression-folds-to-inf"),
+    P(fold(), 8, 3, "a = 1e+301 (line 7)", id="folded-step-overflows-later"),
+    P(fold(use="a * a"), 8, 3, "a = 1e+301 (line 7)", id="folded-step-squared"),
+    P(fold(big="1.0e200", use="exp(a)"), 8, 3, "a = 1e+201 (line 7)", id="folded-exp"),
+    P(fold(big="{value: 1.0e300, learnable: true}", use="big * 1.0e10"), 8, 3, "big = 1e+300 (line 3)",
+      id="learnable-value-overflows"),
+    P(fold(big="0.0", use="1.0 / big"), 8, 3, "big = 0 (line 3)", id="division-by-zero"),
+    P(fold(big="-1.0", use="sqrt(big)"), 8, 3, "big = -1 (line 3)", id="complex-root"),
+    P(fold(big="1000", use="where(x > 0, exp(big), 0.0)"), 8, 3, "big = 1000 (line 3)", id="inf-in-a-branch"),
+    P(lif().replace("step:", "surrogate: {name: sigmoid, alpha: .inf}\nstep:"), 6, 35, "infinite",
+      id="inf-surrogate-parameter"),
+]
+
+
+@pytest.mark.parametrize("text, line, col, fragment", NON_FINITE)
+def test_non_finite_values_are_refused_where_they_are_written(tmp_path, capsys, text, line, col, fragment):
+    assert_at(refused(tmp_path, text, capsys), line, col, fragment)
+
+
+def test_a_large_but_finite_chain_still_loads():
+    """The near miss of the folding rows: every constant fits a float64, so both backends run it
+    and agree with a hand computation."""
+    spec = fold(big="1.0e300", use="a * 1.0e-300")  # a = 1e301; v = v + x * 10
+    x = torch.tensor([[0.05, 0.2]], dtype=torch.float64)
+    for backend in ("torch", "triton"):
+        m = flexsn_dsl.loads(spec, backend=backend).double()
+        s = m(x)
+        assert torch.equal(s, (x * 10.0 - 1.0 >= 0).to(s.dtype)), backend
+        assert torch.allclose(m.states["v"], x[0] * 10.0)
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (math.inf, "params['tau'] = inf is not a finite number"),
+    (-math.inf, "params['tau'] = -inf is not a finite number"),
+    (math.nan, "params['tau'] = nan is not a finite number"),
+    (np.float64("inf"), "params['tau'] = inf is not a finite number"),
+    (torch.tensor(float("nan")), "params['tau'] = nan is not a finite number"),
+    (1e-320, "(params=)"),  # finite, but x / tau overflows
+    (0.0, "tau = 0 (params=)"),
+])
+def test_non_finite_params_are_refused_naming_the_parameter(tmp_path, capsys, value, fragment):
+    path = tmp_path / "bad.yaml"
+    exc = refused(tmp_path, lif(), capsys, params={"tau": value})
+    assert fragment in exc.message, str(exc)
+    assert not isinstance(exc, TypeError) and exc.hint
+    assert exc.line in (3, 7) and str(exc).startswith(f"{path}:{exc.line}:")
+
+
+@pytest.mark.parametrize("params, fragment", [
+    ({"tau": True}, "must be a number, not bool True"),
+    ({"tau": np.bool_(False)}, "must be a number, not bool"),
+    ({"tau": torch.tensor(True)}, "must be a number, not bool True"),
+    ({"tau": "2.0"}, "must be a number, not str '2.0'"),
+    ({"tau": None}, "must be a number, not NoneType"),
+    ({"tau": 1j}, "must be a number, not complex"),
+    ({"tau": [2.0]}, "must be a number, not list"),
+    ({"tau": torch.tensor([2.0, 3.0])}, "must be a number, not Tensor"),
+    ([("tau", 2.0)], "params= must be a dict"),
+    ([2.0], "params= must be a dict"),
+    ("tau=2", "params= must be a dict"),
+    (2.0, "params= must be a dict"),
+])
+def test_params_of_the_wrong_type_raise_a_type_error(params, fragment):
+    with pytest.raises(TypeError) as info:
+        flexsn_dsl.loads(lif(), params=params, backend="torch")
+    assert isinstance(info.value, SpecError)  # one class for callers that catch every refusal
+    assert fragment in info.value.message and info.value.hint, str(info.value)
+
+
+@pytest.mark.parametrize("value", [3, np.float32(3.0), np.int64(3), torch.tensor(3.0), np.array(3.0)])
+def test_params_of_any_real_number_type_are_used_as_floats(value):
+    """Each value gives the same module as the float 3.0: the same decay (v = x / 3 after one step)."""
+    m = flexsn_dsl.loads(lif(), params={"tau": value}, backend="torch").double()
+    x = torch.tensor([[0.3, 0.9]], dtype=torch.float64)
+    m(x)
+    assert m._compiled.values["tau"] == 3.0 and type(m._compiled.values["tau"]) is float
+    assert torch.allclose(m.states["v"], x[0] / 3.0)
+
+
+def test_spec_type_error_is_both_classes():
+    assert issubclass(SpecTypeError, SpecError) and issubclass(SpecTypeError, TypeError)
