@@ -96,7 +96,7 @@ def neuron(variant: str, device: str) -> nn.Module:
     if variant == "sj":
         from spikingjelly.activation_based import neuron as sjn, surrogate
         return sjn.LIFNode(tau=2.0, surrogate_function=surrogate.Sigmoid(alpha=4.0), detach_reset=False,
-                           step_mode="m", backend="torch")
+                           step_mode="m")
     if variant == "loop":
         return LoopLIF()
     raise ValueError(variant)
