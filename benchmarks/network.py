@@ -180,6 +180,20 @@ def gpu_ms_per_step(step, steps: int = 5) -> float:
     return total_us / 1e3 / steps
 
 
+def profile_step(step, device: str, steps: int = 10, rows: int = 25) -> None:
+    """The profiler's table of one step's host (CPU) time, by self time."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70))
+
+
 def measure(step, device: str) -> dict:
     for _ in range(3):
         step()  # warm-up (compilation, autotuning, cudnn choice)
@@ -284,9 +298,18 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     p.add_argument("--compile-peers", action="store_true", help="also torch.compile the SpikingJelly and loop networks")
     p.add_argument("--json", type=Path, help="write the rows as JSON")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of timing, print where the host time of each (net, variant, column) step goes")
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
+    if a.profile:
+        for net in a.net:
+            for variant in a.variants:
+                for column in a.columns:
+                    print(f"== {net} {variant} {column}")
+                    profile_step(make_step(net, variant, column, a.device, a.quick), a.device)
+        return 0
     rows = run(a.net, a.variants, a.columns, a.rounds, a.device, a.quick, a.compile_peers)
     if a.json:
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
