@@ -152,6 +152,7 @@ def _saved_labels(info) -> list[str]:
 
 
 def cmd_show(args) -> int:
+    from .names import core_name
     from .templates import kernel_source
     compiled = _compile(Path(args.spec), args)
     what = args.kernel
@@ -177,7 +178,7 @@ def cmd_show(args) -> int:
         print(compiled.cores.source)
     elif what in ("forward_core", "backward_core"):
         source = compiled.cores.source
-        start = source.index(f"def {compiled.model.name}_{what}")
+        start = source.index(f"def {core_name(compiled.model.name, what.split('_')[0])}")
         end = source.find("\n\n\n", start)
         print("@triton.jit\n" + source[start:end if end > 0 else None].rstrip())
     elif what == "info":

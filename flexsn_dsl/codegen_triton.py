@@ -13,6 +13,7 @@ import sympy
 from .autodiff import Backward, differentiate, name_spike_arguments
 from .ir import StepIR
 from .literals import identifier, number
+from .names import CORES, core_name
 from .printer import TRITON, Printer
 
 
@@ -106,7 +107,7 @@ def build_cores(ir: StepIR) -> Cores:
     backward: Backward = differentiate(ir)
     p = Printer(TRITON)
     name = identifier(ir.name, keyword_ok=True)  # only a prefix: `class_forward_core` is fine
-    forward_name, backward_name = identifier(f"{name}_forward_core"), identifier(f"{name}_backward_core")
+    forward_name, backward_name = (identifier(core_name(name, d)) for d in CORES)
     inputs, states, params = ([identifier(n) for n in names] for names in (ir.input_names, ir.state_names,
                                                                           ir.param_names))
 

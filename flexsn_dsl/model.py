@@ -9,6 +9,7 @@ from __future__ import annotations
 import keyword
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -17,6 +18,7 @@ import sympy
 
 from .errors import SourcePos, SpecError
 from .expressions import DSL_FUNCTIONS, MAX_CONDITION_NODES, ExpressionParser, closest
+from .names import generated_names
 from .plugins import Plugins, Surrogate
 from .source import Node, parse_yaml
 from .symbolic import Detach, Spike, real_symbol
@@ -26,6 +28,28 @@ REQUIRED_KEYS = ("neuron", "states", "step")
 RESERVED_NAMES = frozenset({"pi", "tl", "triton", "libdevice", "torch", "math", "range", "float", *DSL_FUNCTIONS})
 DEFAULT_SURROGATE = "sigmoid"
 MAX_STEP_LINES = 1000
+MAX_NEURON_NAME = 64  # the neuron's name is part of file and module names (build/NAME_torch.py, the cache)
+MAX_NAME = 128  # any other name
+# Attributes of the runtime module (a FlexSN, an nn.Module): a learnable parameter becomes an
+# attribute too, so it may not take one of these names (tests compare this with the real classes).
+MODULE_ATTRIBUTES = frozenset({
+    "T_destination", "add_module", "apply", "backend", "bfloat16", "buffers", "call_super_init", "children",
+    "compile", "cpu", "cuda", "detach", "double", "dump_patches", "eval", "extra_repr", "float", "forward",
+    "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half", "info", "ipu", "load_state_dict",
+    "modules", "mtia", "named_buffers", "named_children", "named_modules", "named_parameters", "parameters",
+    "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
+    "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
+    "register_state_dict_pre_hook", "requires_grad_", "reset", "set_extra_state", "set_submodule",
+    "share_memory", "spec", "state_dict", "state_seqs", "states", "step_mode", "store_state_seqs", "to",
+    "to_empty", "train", "training", "type", "xpu", "zero_grad",
+})
+# Modules a neuron's name may not shadow: `flexsn-dsl build` writes NAME.py and NAME_torch.py, which
+# an import of the same name would pick up when run from the output folder.
+SHADOWED_MODULES = frozenset({
+    *sys.stdlib_module_names, *sys.builtin_module_names, "flexsn_dsl", "torch", "triton", "numpy", "sympy",
+    "mpmath", "yaml", "pluggy", "pytest", "pip", "setuptools", "sitecustomize", "usercustomize",
+})
 MAX_SPEC_TERMS = 20_000  # syntax-tree nodes over all expressions of a spec (bounds the time sympy takes)
 # A plain YAML scalar that YAML 1.1 reads as text but everyone means as a number: 1e-3, 5E2.
 _NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
@@ -123,6 +147,7 @@ class _Builder:
         self.condition_budget = [MAX_CONDITION_NODES]  # shared by all expressions of the spec
         self.default_input = False  # `inputs` not given: the input is x
         self.state_names: list[str] = []
+        self.generated: frozenset[str] = frozenset()  # the generated code's names for this neuron
 
     # -- small checks ------------------------------------------------------
     def _get(self, key: str) -> Node | None:
@@ -140,11 +165,19 @@ class _Builder:
         if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
             raise SpecError(f"{kind} name {name!r} is not a valid identifier", pos,
                             "use letters, digits and single underscores, starting with a letter")
+        limit = MAX_NEURON_NAME if kind == "neuron" else MAX_NAME
+        if len(name) > limit:
+            raise SpecError(f"{kind} name {name[:20]}... is {len(name)} characters long, more than the limit of "
+                            f"{limit}", pos, "choose a shorter name")
         if (keyword.iskeyword(name) and not allow_keyword) or (name in RESERVED_NAMES and not allow_keyword):
             raise SpecError(f"{kind} name {name!r} is reserved", pos, _reserved_hint(name))
         if name.startswith("_") or "__" in name:
             raise SpecError(f"{kind} name {name!r} may not start with '_' or contain '__' (reserved for generated code)",
                             pos, "choose another name")
+        if name in self.generated:
+            raise SpecError(f"{kind} name {name!r} is the name of a generated Triton function of this neuron", pos,
+                            "choose another name (the names NEURON_forward_core, NEURON_backward_core and "
+                            "NEURON_<variant>_kernel belong to the generated code)")
         return name
 
     def _declare(self, name: str, kind: str, pos: SourcePos) -> None:
@@ -202,6 +235,11 @@ class _Builder:
         name_node = top["neuron"]
         self._expect(name_node, "scalar", "`neuron`", "neuron: lif")
         name = self._identifier(name_node.value, name_node.pos, "neuron", allow_keyword=True)
+        if name.lower() in SHADOWED_MODULES:
+            raise SpecError(f"neuron name {name!r} is the name of a Python module", name_node.pos,
+                            f"choose another name, e.g. {name}_neuron: `flexsn-dsl build` writes {name}.py, "
+                            f"which would shadow the module {name!r} for code run next to it")
+        self.generated = generated_names(name)
         description = ""
         if "description" in top:
             node = top["description"]
@@ -264,6 +302,10 @@ class _Builder:
                         raise SpecError(f"`learnable` of parameter {name!r} must be true or false, not {flag.value!r}",
                                         flag.pos, "write learnable: true")
                     learnable = flag.value
+                if learnable and name in MODULE_ATTRIBUTES:
+                    raise SpecError(f"learnable parameter {name!r} clashes with the attribute `{name}` of the module "
+                                    "(a FlexSN, an nn.Module)", pos,
+                                    "rename the parameter: a learnable parameter becomes an attribute of the module")
             else:
                 number = self._number(value, f"parameter {name!r}")
             out[name] = Parameter(name, number, learnable, pos)
@@ -422,6 +464,9 @@ class _Builder:
                 hint = closest(name, env)
                 raise SpecError(f"output {name!r} is not an input, state or step name", item.pos,
                                 hint or "list names assigned in step, states or inputs")
+            if self.declared.get(name, ("",))[0] == "parameter":
+                raise SpecError(f"output {name!r} is a parameter, not an input, state or step name", item.pos,
+                                f"assign it in step (e.g. {name}_out: {name}) and list that name")
             if name in seen:
                 raise SpecError(f"output {name!r} is listed twice", item.pos, "list each output once")
             seen.add(name)

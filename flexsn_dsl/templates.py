@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from .codegen_triton import Cores, FlexSNInfo
 from .literals import identifier, value
+from .names import VARIANTS, kernel_name
 from .printer import float_literal
 
 HEAVISIDE = '''@triton.jit
@@ -32,7 +33,6 @@ def _heaviside(u):
     """spike() forward: 1 where u >= 0, else 0, in u's dtype."""
     return tl.where(u >= 0.0, 1.0, 0.0).to(u.dtype)
 '''
-VARIANTS = ("inference", "inference_final_state", "forward", "forward_final_state", "backward")
 I1, I2 = "    ", "        "
 
 
@@ -50,7 +50,7 @@ def _store(ptr: str, value: str) -> str:
 
 
 def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
-    lines = ["@triton.jit", f"def {identifier(f'{info.neuron}_{name}_kernel')}("]
+    lines = ["@triton.jit", f"def {identifier(kernel_name(info.neuron, name))}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
     lines += [f"{I1}_T, _N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr{flags},", "):"]
     return lines

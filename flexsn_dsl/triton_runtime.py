@@ -10,6 +10,7 @@ import torch
 import triton
 
 from .compiler import Compiled
+from .names import kernel_name
 
 CPU_BLOCK = 1024
 MAX_STAGES = 16
@@ -80,7 +81,7 @@ class Kernels:
     def launch(self, variant: str, n: int, args: list, **constexprs) -> int:
         """Launch over n neurons; returns the number of programs."""
         settings = launch_settings()
-        kernel = getattr(self.module, f"{self.name}_{variant}_kernel")
+        kernel = getattr(self.module, kernel_name(self.name, variant))
         if self._autotuned(settings):
             kernel = _tuned(kernel)
             kernel[lambda meta: (triton.cdiv(n, meta["_BLOCK"]),)](*args, _STAGES=settings.stages or 2, **constexprs)

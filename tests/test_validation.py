@@ -219,3 +219,110 @@ def test_params_of_any_real_number_type_are_used_as_floats(value):
 
 def test_spec_type_error_is_both_classes():
     assert issubclass(SpecTypeError, SpecError) and issubclass(SpecTypeError, TypeError)
+
+
+# ---------------------------------------------------------------------------------------
+# Names: no clash with generated code, the module's attributes or Python modules; bounded length
+# ---------------------------------------------------------------------------------------
+SIMPLE = """\
+neuron: {neuron}
+inputs: [{input}]
+parameters:
+  {param}: {{value: 0.5, learnable: {learnable}}}
+states:
+  {state}: 0.0
+step:
+  {temp}: {state} + {input} * {param}
+  {state}: {temp}
+  s: spike({state} - 1.0)
+outputs: [{outputs}]
+"""
+
+
+def simple(neuron="n", input="x", param="w", learnable="false", state="v", temp="h", outputs="s") -> str:
+    """Names at: neuron 1:9, input 2:10, parameter 4:3, state 6:3, temp 8:3, first output 11:11."""
+    return SIMPLE.format(neuron=neuron, input=input, param=param, learnable=learnable, state=state, temp=temp,
+                         outputs=outputs)
+
+
+NAMES = [
+    P(simple(temp="n_forward_core"), 8, 3, "generated Triton function", id="step-forward-core"),
+    P(simple(temp="n_backward_core"), 8, 3, "generated Triton function", id="step-backward-core"),
+    P(simple(state="n_inference_kernel"), 6, 3, "generated Triton function", id="state-kernel"),
+    P(simple(input="n_forward_final_state_kernel"), 2, 10, "generated Triton function", id="input-kernel"),
+    P(simple(param="n_backward_kernel"), 4, 3, "generated Triton function", id="parameter-kernel"),
+    P(simple(neuron="lif", temp="lif_forward_core"), 8, 3, "generated Triton function", id="other-neuron-name"),
+    P(simple(param="states", learnable="true"), 4, 3, "attribute `states`", id="learnable-states"),
+    P(simple(param="state_seqs", learnable="true"), 4, 3, "attribute `state_seqs`", id="learnable-state-seqs"),
+    P(simple(param="training", learnable="true"), 4, 3, "rename the parameter", id="learnable-training"),
+    P(simple(param="forward", learnable="true"), 4, 3, "attribute `forward`", id="learnable-forward"),
+    P(simple(param="reset", learnable="true"), 4, 3, "attribute `reset`", id="learnable-reset"),
+    P(simple(param="to", learnable="true"), 4, 3, "attribute `to`", id="learnable-to"),
+    P(simple(param="spec", learnable="true"), 4, 3, "attribute `spec`", id="learnable-spec"),
+    P(simple(outputs="w"), 11, 11, "is a parameter", id="output-constant-parameter"),
+    P(simple(outputs="s, w", learnable="true"), 11, 14, "is a parameter", id="output-learnable-parameter"),
+    P(simple(neuron="a" * 65), 1, 9, "65 characters long, more than the limit of 64", id="neuron-name-65"),
+    P(simple(neuron="a" * 300), 1, 9, "300 characters", id="neuron-name-300"),
+    P(simple(temp="t" * 129), 8, 3, "more than the limit of 128", id="step-name-129"),
+    P(simple(state="v" * 1000), 6, 3, "more than the limit of 128", id="state-name-1000"),
+    P(simple(neuron="torch"), 1, 9, "name of a Python module", id="neuron-torch"),
+    P(simple(neuron="triton"), 1, 9, "shadow the module 'triton'", id="neuron-triton"),
+    P(simple(neuron="numpy"), 1, 9, "name of a Python module", id="neuron-numpy"),
+    P(simple(neuron="flexsn_dsl"), 1, 9, "name of a Python module", id="neuron-flexsn-dsl"),
+    P(simple(neuron="math"), 1, 9, "name of a Python module", id="neuron-math"),
+    P(simple(neuron="os"), 1, 9, "name of a Python module", id="neuron-os"),
+    P(simple(neuron="Torch"), 1, 9, "name of a Python module", id="neuron-torch-capitalised"),
+    P(simple(neuron="sitecustomize"), 1, 9, "name of a Python module", id="neuron-sitecustomize"),
+    P(simple(neuron="builtins"), 1, 9, "name of a Python module", id="neuron-builtins"),
+]
+
+
+@pytest.mark.parametrize("text, line, col, fragment", NAMES)
+def test_names_that_would_clash_are_refused(tmp_path, capsys, text, line, col, fragment):
+    assert_at(refused(tmp_path, text, capsys), line, col, fragment)
+
+
+@pytest.mark.parametrize("text", [
+    P(simple(temp="n_forward_cores", state="n_forward", param="m_backward_core"), id="near-generated-names"),
+    P(simple(param="states"), id="constant-parameter-named-states"),
+    P(simple(neuron="a" * 64, temp="t" * 128), id="longest-names"),
+    P(simple(neuron="torch_neuron", outputs="s, h, x"), id="module-name-prefix"),
+])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_names_next_to_the_refused_ones_build_and_run(text, backend):
+    """The near misses of the rows above load on both backends and compute the hand-written step
+    (h = v + 0.5 x; v = h; s = spike(v - 1))."""
+    m = flexsn_dsl.loads(text, backend=backend).double()
+    x = torch.tensor([[0.4, 1.0, 2.5], [1.0, 1.5, 0.1]], dtype=torch.float64)
+    out = m(x)
+    s = out[0] if isinstance(out, tuple) else out
+    v = torch.zeros(3, dtype=torch.float64)
+    for t in range(2):
+        v = v + 0.5 * x[t]
+        assert torch.equal(s[t], (v >= 1.0).to(s.dtype))
+        if isinstance(out, tuple):  # outputs s, h, x
+            assert torch.allclose(out[1][t], v) and torch.equal(out[2][t], x[t])
+
+
+def test_generated_names_are_the_generated_modules_functions():
+    """names.generated_names lists exactly the top-level functions the Triton module defines
+    from the neuron's name (plus the shared helper _heaviside)."""
+    import ast
+
+    from flexsn_dsl.compiler import compile_spec
+    from flexsn_dsl.names import generated_names
+
+    compiled = compile_spec(text=simple(neuron="lif"))
+    tree = ast.parse(compiled.triton_source)
+    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert functions == generated_names("lif") | {"_heaviside"}
+
+
+def test_module_attributes_cover_the_real_module():
+    """MODULE_ATTRIBUTES holds every public attribute of a FlexSN instance and of nn.Module,
+    so a learnable parameter can never take one (a new attribute fails this test)."""
+    from flexsn_dsl.model import MODULE_ATTRIBUTES
+
+    m = flexsn_dsl.loads(simple(), backend="torch")
+    real = {n for n in {*dir(m), *dir(torch.nn.Module)} if not n.startswith("_")}
+    assert real <= MODULE_ATTRIBUTES, sorted(real - MODULE_ATTRIBUTES)
