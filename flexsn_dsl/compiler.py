@@ -2,12 +2,16 @@
 source -> cached, importable modules."""
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
-import importlib.util
 import json
 import linecache
 import os
+import shutil
+import stat
 import sys
+import tempfile
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -23,32 +27,130 @@ from .codegen_torch import torch_source
 from .codegen_triton import Cores, build_cores
 from .errors import PluginError, SpecError
 from .ir import StepIR, build_ir, resolve_params
-from .literals import identifier, literal
+from .literals import identifier
 from .model import NeuronModel, build_model, read_model
 from .plugins import X, Pass, Plugins, describe_exception, get_plugins, plugin_error, source_path
 from .printer import TORCH, Printer, float_literal
 from .templates import module_source
 
-_GENERATOR_MODULES = ("symbolic", "ir", "printer", "autodiff", "codegen_torch", "codegen_triton", "templates",
-                      "compiler")
+CACHE_ENV = "FLEXSN_DSL_CACHE"
+MAX_CACHE_FILE = 64 << 20  # bytes: a bigger file in the cache is not one this package wrote
 
 
-def _generator_fingerprint() -> str:
-    """A hash of the code generator's own source: generated code is cached under it."""
+def _package_sources(root: Path) -> list[tuple[str, bytes]]:
+    """Every source file of the package: the code generator is all of them."""
+    return [(p.name, p.read_bytes()) for p in sorted(root.glob("*.py"))]
+
+
+def generator_fingerprint(root: Path = Path(__file__).parent) -> str:
+    """A hash of the package's version and source files: generated code is cached under it."""
     digest = hashlib.sha256(__version__.encode())
-    for name in _GENERATOR_MODULES:
-        digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    for name, data in _package_sources(root):
+        digest.update(f"\0{name}\0{len(data)}\0".encode() + data)
     return digest.hexdigest()[:16]
 
 
-GENERATOR_VERSION = f"{__version__}+{_generator_fingerprint()}"
+GENERATOR_VERSION = f"{__version__}+{generator_fingerprint()}"
 _LOCK = threading.Lock()
+_FALLBACK_DIRS: dict[str, Path] = {}
+
+
+def _dir_problem(folder: Path) -> str:
+    """Why ``folder`` cannot hold the cache ('' when it can): it must be (or be creatable as) a folder
+    owned by this user that nobody else can write to, as Triton and pip require of theirs."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.stat(folder)
+    except FileExistsError:
+        return "is not a folder"
+    except OSError as exc:
+        return f"cannot be created ({exc.strerror or exc})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return "is owned by another user"
+    if info.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "is not writable"
+    return ""
 
 
 def cache_dir() -> Path:
-    """Where generated modules are kept: $FLEXSN_DSL_CACHE, else ~/.cache/flexsn_dsl."""
-    root = os.environ.get("FLEXSN_DSL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "flexsn_dsl")
-    return Path(root)
+    """Where generated modules are kept: $FLEXSN_DSL_CACHE, else ~/.cache/flexsn_dsl. A folder that
+    cannot be used safely is replaced (with a warning, once per process) by a private temporary one."""
+    root = Path(os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "flexsn_dsl"))
+    problem = _dir_problem(root)
+    if not problem:
+        return root
+    if str(root) not in _FALLBACK_DIRS:
+        fallback = Path(tempfile.mkdtemp(prefix="flexsn-dsl-cache-"))
+        atexit.register(shutil.rmtree, fallback, ignore_errors=True)
+        warnings.warn(f"flexsn-dsl: the cache folder {str(root)!r} {problem}; generated kernels are kept in "
+                      f"{str(fallback)!r} until this process ends (set {CACHE_ENV} to a private folder)",
+                      stacklevel=3)
+        _FALLBACK_DIRS[str(root)] = fallback
+    return _FALLBACK_DIRS[str(root)]
+
+
+def _first_line(key: str, body: bytes) -> bytes:
+    return f"# flexsn-dsl cache key={_hex(key)} sha256={hashlib.sha256(body).hexdigest()}\n".encode()
+
+
+def read_cached(path: Path, key: str) -> str | None:
+    """The module text cached at ``path`` for ``key``, or None unless the file is a regular file of
+    this user that nobody else can write to, and its first line holds ``key`` and the sha256 of the rest."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)  # a symlink fails (ELOOP), a FIFO opens without blocking
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o022 or info.st_size > MAX_CACHE_FILE or \
+                (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_CACHE_FILE + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    head, _, body = data.partition(b"\n")
+    if head + b"\n" != _first_line(key, body):
+        return None
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def write_cached(path: Path, key: str, text: str) -> None:
+    """Write ``text`` for ``key`` atomically (a private temporary file renamed over ``path``, mode 0600)."""
+    body = text.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_first_line(key, body) + body)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def import_source(name: str, text: str, filename: str) -> ModuleType:
+    """Run ``text`` as module ``name`` (in sys.modules) from these very bytes, never re-read from disk;
+    linecache holds the text so tracebacks, ``inspect.getsource`` and ``triton.jit`` see it."""
+    module = ModuleType(name)
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    sys.modules[name] = module
+    try:
+        exec(compile(text, filename, "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _requested_passes(model: NeuronModel, plugins: Plugins, extra: Iterable[str] | str) -> tuple[str, ...]:
@@ -78,6 +180,7 @@ class Compiled:
     values: dict[str, float]
     passes: list[Pass] = field(default_factory=list)
     requested: tuple[str, ...] = ()  # passes asked for by name; the others in ``passes`` are defaults
+    plugin_code: str = ""            # Plugins.code: a hash of every plugin module's source
 
     @cached_property
     def ir(self) -> StepIR:
@@ -99,8 +202,13 @@ class Compiled:
 
     @cached_property
     def key(self) -> str:
+        """A hash of everything the generated text depends on: the package's source, the spec text,
+        parameter values, the surrogate (formula and merged parameters), every plugin module's source,
+        the passes' code and, when IR passes ran, the IR they returned (whatever code they import)."""
+        ir_passes = any(p.stage == "ir" for p in self.passes)
         blob = json.dumps([GENERATOR_VERSION, self.model.text, sorted(self.values.items()),
-                           _plugin_identity(self.model, self.passes)])
+                           _plugin_identity(self.model, self.passes), self.plugin_code,
+                           _ir_identity(self.ir) if ir_passes else None])
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @property
@@ -126,13 +234,10 @@ class Compiled:
     def torch_namespace(self) -> dict:
         """The generated torch step as an importable module's namespace (torch.compile needs one)."""
         name = f"flexsn_dsl_torch_{self.module_name}"
-        if name not in sys.modules:
-            module = ModuleType(name)
-            filename = f"<flexsn-dsl torch step {self.module_name}>"
-            linecache.cache[filename] = (len(self.torch_source), None, self.torch_source.splitlines(True), filename)
-            exec(compile(self.torch_source, filename, "exec"), module.__dict__)
-            sys.modules[name] = module
-        return sys.modules[name].__dict__
+        with _LOCK:
+            if name not in sys.modules:
+                import_source(name, self.torch_source, f"<flexsn-dsl torch step {self.module_name}>")
+            return sys.modules[name].__dict__
 
     @cached_property
     def cores(self) -> Cores:
@@ -151,29 +256,30 @@ class Compiled:
         return f"{self.model.name}_{self.key[:16]}"
 
     def write(self, folder: Path | None = None) -> Path:
-        """Write the Triton module (cached by key) and return its path."""
-        folder = folder or cache_dir()
-        path = folder / f"{self.module_name}.py"
-        if not path.exists() or path.read_text() != self.triton_source:
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(self.triton_source)
-            os.replace(tmp, path)
+        """Write the Triton module to the cache (or ``folder``) under its key and return its path."""
+        path = (folder or cache_dir()) / f"{self.module_name}.py"
+        write_cached(path, self.key, self.triton_source)
         return path
 
     def triton_module(self) -> ModuleType:
-        """Import the generated kernels; a module already in the cache under this key is
-        imported as it is (no sympy work), otherwise it is generated and written first."""
+        """Import the generated kernels. A cached module whose first line holds this key and the hash
+        of the rest is run from the bytes read (no sympy work); anything else in its place is
+        regenerated and replaced. With ``source`` passes the text is always regenerated (a pass may
+        depend on more than the key covers). The module runs from memory: nothing is re-read."""
         name = f"flexsn_dsl_kernels_{self.module_name}"
         with _LOCK:
             if name not in sys.modules:
                 path = cache_dir() / f"{self.module_name}.py"
-                if not _holds_key(path, self.key):
-                    path = self.write()
-                spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                sys.modules[name] = module
+                source_passes = any(p.stage == "source" for p in self.passes)
+                text = None if source_passes else read_cached(path, self.key)
+                if text is None:
+                    text = self.triton_source
+                    try:
+                        write_cached(path, self.key, text)
+                    except OSError as exc:
+                        warnings.warn(f"flexsn-dsl: cannot write the kernel cache file {str(path)!r} "
+                                      f"({exc.strerror or exc}); the kernels run from memory", stacklevel=3)
+                import_source(name, text, f"<flexsn-dsl kernels {path}>")
             return sys.modules[name]
 
     @property
@@ -189,19 +295,19 @@ def _hex(key: str) -> str:
     return key
 
 
-def _holds_key(path: Path, key: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f"# Cache key: {key}\n" in f.read()  # anywhere: a source pass may add text above it
-    except OSError:
-        return False
-
-
 def _plugin_identity(model: NeuronModel, passes: Iterable[Pass]) -> list:
     """What plugins contribute to generated code: the surrogate's formula and each pass's code."""
     surrogate = model.surrogate
-    return [[surrogate.name, surrogate.origin, sympy.srepr(surrogate.gradient)],
+    return [[surrogate.name, surrogate.origin, sympy.srepr(surrogate.gradient), sorted(surrogate.params.items()),
+             sorted(model.surrogate_params.items())],
             [[p.name, p.stage, p.origin, p.fingerprint] for p in passes]]
+
+
+def _ir_identity(ir: StepIR) -> str:
+    """The IR as text (for the cache key when IR passes rewrote it)."""
+    return sympy.srepr([ir.name, list(ir.inputs), list(ir.states), list(ir.params), [list(a) for a in ir.assignments],
+                        list(ir.outputs), list(ir.next_states), ir.surrogate, list(ir.output_names),
+                        list(ir.initial_states)])
 
 
 def _run_pass(p: Pass, value, *args):
@@ -282,10 +388,12 @@ def compile_spec(source: str | os.PathLike | None = None, *, text: str | None = 
     requested = _requested_passes(model, registry, passes)
     selected = _select_passes(model, registry, passes)
     key = (model.file, model.text, tuple(sorted(values.items())), requested,
-           json.dumps(_plugin_identity(model, selected)), tuple(registry.sources))
-    if key not in _COMPILED:
-        _COMPILED[key] = Compiled(model, values, selected, requested)
-    compiled = _COMPILED[key]
+           json.dumps(_plugin_identity(model, selected)), tuple(registry.sources), registry.code)
     if any(p.stage == "ir" for p in selected):
-        compiled.ir  # noqa: B018 - run the IR passes now: a failing pass is reported at load/check time
-    return compiled
+        # run the IR passes every time (what they return may depend on more than their code); a failing
+        # pass is reported now, at load/check time; an identical IR reuses the lowering done for it
+        fresh = Compiled(model, values, selected, requested, registry.code)
+        return _COMPILED.setdefault((*key, fresh.key), fresh)
+    if key not in _COMPILED:
+        _COMPILED[key] = Compiled(model, values, selected, requested, registry.code)
+    return _COMPILED[key]

@@ -270,6 +270,7 @@ class Plugins:
     passes: dict[str, Pass]
     sources: list[tuple[str, str]]  # (plugin name, where it came from), in load order
     errors: list[PluginError] = field(default_factory=list)
+    code: str = ""  # a hash of every registered plugin's module source: part of the cache key
 
     def surrogate(self, name: str) -> Surrogate | None:
         return self.surrogates.get(name)
@@ -310,6 +311,16 @@ def describe_exception(exc: BaseException, path: Path | None = None) -> str:
     if isinstance(exc, SyntaxError) and exc.lineno:
         where = f" (at {Path(exc.filename or '?').name} line {exc.lineno})"
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _code_digest(plugin: Any) -> str:
+    """A hash of a plugin's module source (its repr when it has no source file)."""
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    try:
+        data = Path(inspect.getsourcefile(owner)).read_bytes()
+    except (TypeError, OSError):
+        data = _stable_repr(plugin).encode()
+    return hashlib.sha256(data).hexdigest()
 
 
 def _load_file(path: str) -> Any:
@@ -367,12 +378,14 @@ def _discover(files: tuple[str, ...]) -> Plugins:
     manager.add_hookspecs(hookspecs)
     errors: list[PluginError] = []
     ordered: list[tuple[str, str]] = []
+    code = hashlib.sha256()
 
     def add(plugin: Any, name: str, where: str) -> None:
         errors.extend(_unknown_hooks(manager, plugin, name))
         try:
             manager.register(plugin, name=name)
             ordered.append((name, where))
+            code.update(f"{name}\0{_code_digest(plugin)}\0".encode())
         except Exception as exc:  # noqa: BLE001 - a bad hookimpl signature, a duplicate name
             errors.append(plugin_error(name, f"({where}) could not be registered: {exc}"))
 
@@ -413,7 +426,7 @@ def _discover(files: tuple[str, ...]) -> Plugins:
             except Exception as exc:  # noqa: BLE001 - a hook that raises is reported, the others still run
                 errors.append(plugin_error(impl.plugin_name, f"raised in {hook_name}: "
                                                               f"{describe_exception(exc, source_path(impl.function))}"))
-    return Plugins(surrogates.items, passes.items, ordered, errors)
+    return Plugins(surrogates.items, passes.items, ordered, errors, code.hexdigest())
 
 
 _CACHE: dict[tuple[str, ...], Plugins] = {}

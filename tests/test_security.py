@@ -7,17 +7,24 @@ path text has into generated source (:mod:`flexsn_dsl.literals`).
 from __future__ import annotations
 
 import ast
+import hashlib
+import inspect
 import math
+import os
 import runpy
+import shutil
+import stat
 from pathlib import Path
 
 import pytest
 import torch
 
 import flexsn_dsl
+from flexsn_dsl import compiler
 from flexsn_dsl.cli import main
-from flexsn_dsl.compiler import compile_spec
+from flexsn_dsl.compiler import cache_dir, compile_spec, read_cached
 from flexsn_dsl.literals import identifier, literal, number, value
+from flexsn_dsl.plugins import clear_cache
 
 MARKER = "PWNED"
 PAYLOAD = f"__import__('os').mkdir({MARKER!r})"
@@ -46,9 +53,13 @@ outputs: [s]
 """
 
 
+def _threshold(index: int) -> float:
+    return 0.5 + index % 97 / 200
+
+
 def _spec(index: int) -> str:
     """A distinct spec per case (a distinct cache key): no module is already imported for it."""
-    return SPEC.format(name=f"guarded{index}", threshold=0.5 + index / 64)
+    return SPEC.format(name=f"guarded{index}", threshold=_threshold(index))
 
 
 def _reference(x: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -134,7 +145,7 @@ def test_value_prints_nested_data_that_reads_back():
 def test_hostile_file_name_never_runs(jail, case, backend):
     index = sorted(HOSTILE_NAMES).index(case) + (0 if backend == "torch" else 32)
     hostile, text = HOSTILE_NAMES[case], _spec(index)
-    threshold = 0.5 + index / 64
+    threshold = _threshold(index)
     x = torch.rand(6, 5, dtype=torch.float64) * 2
     path = jail / hostile
     path.write_text(text)
@@ -162,3 +173,235 @@ def test_build_with_hostile_file_names_writes_no_code_from_them(jail, capsys):
         source = path.read_text()
         assert PAYLOAD not in source and "\r" not in source and "\u2028" not in source
         runpy.run_path(str(path))  # importing every built module runs nothing from a file name
+
+
+# -- the cache directory ----------------------------------------------------------
+def _planted_body(compiled) -> str:
+    """A module that would run the payload and otherwise pass for the real kernels."""
+    return f"{PAYLOAD}\n{compiled.triton_source}"
+
+
+def _valid_file(compiled, body: str) -> bytes:
+    data = body.encode()
+    return f"# flexsn-dsl cache key={compiled.key} sha256={hashlib.sha256(data).hexdigest()}\n".encode() + data
+
+
+def _plant(case: str, path: Path, compiled) -> None:
+    body = _planted_body(compiled)
+    if case == "old-style-header":  # the key anywhere in the text was enough before
+        path.write_text(f"# Cache key: {compiled.key}\n{body}")
+    elif case == "wrong-digest":
+        path.write_bytes(_valid_file(compiled, compiled.triton_source).split(b"\n", 1)[0] + b"\n" + body.encode())
+    elif case in ("group-writable", "world-writable"):
+        path.write_bytes(_valid_file(compiled, body))
+        path.chmod(0o660 if case == "group-writable" else 0o606)
+    elif case == "symlink":
+        target = path.parent.parent / "elsewhere.py"
+        target.write_bytes(_valid_file(compiled, body))
+        target.chmod(0o600)
+        path.symlink_to(target)
+    elif case == "fifo":
+        os.mkfifo(path, 0o600)
+    elif case == "truncated":
+        data = _valid_file(compiled, compiled.triton_source)
+        path.write_bytes(data[:len(data) // 2])
+    elif case == "not-utf8":
+        path.write_bytes(_valid_file(compiled, "x = 1\n").replace(b"x = 1", b"x = \xff"))
+    else:
+        raise AssertionError(case)
+
+
+PLANTED = ("old-style-header", "wrong-digest", "group-writable", "world-writable", "symlink", "fifo", "truncated",
+           "not-utf8")
+
+
+@pytest.mark.parametrize("case", PLANTED)
+def test_planted_cache_file_is_refused_and_regenerated(jail, case):
+    index = 200 + PLANTED.index(case)
+    compiled = compile_spec(text=_spec(index))
+    cache = jail / "cache"
+    cache.mkdir(mode=0o700)
+    path = cache / f"{compiled.module_name}.py"
+    _plant(case, path, compiled)
+    x = torch.rand(5, 4, dtype=torch.float64) * 2
+    neuron = flexsn_dsl.loads(_spec(index), backend="triton").double()
+    torch.testing.assert_close(neuron(x), _reference(x, _threshold(index)))
+    assert not path.is_symlink() and stat.S_ISREG(path.lstat().st_mode)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_cached(path, compiled.key) == compiled.triton_source  # replaced by a verified file
+
+
+def test_verified_cache_file_is_used_as_written(jail):
+    compiled = compile_spec(text=_spec(220))
+    path = compiled.write()
+    assert path.parent == jail / "cache" and stat.S_IMODE((jail / "cache").stat().st_mode) == 0o700
+    assert read_cached(path, compiled.key) == compiled.triton_source
+    assert read_cached(path, "0" * 64) is None  # another key
+    assert path.read_text().splitlines()[0].startswith(f"# flexsn-dsl cache key={compiled.key} sha256=")
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o777, 0o1777, 0o722])
+def test_cache_folder_others_can_write_is_not_used(jail, mode):
+    index = 230 + [0o770, 0o777, 0o1777, 0o722].index(mode)
+    compiled = compile_spec(text=_spec(index))
+    cache = jail / "cache"
+    cache.mkdir()
+    cache.chmod(mode)
+    planted = cache / f"{compiled.module_name}.py"
+    planted.write_bytes(_valid_file(compiled, _planted_body(compiled)))  # a valid file of a shared folder
+    planted.chmod(0o600)
+    x = torch.rand(3, 4, dtype=torch.float64) * 2
+    with pytest.warns(UserWarning, match="writable by group or others"):
+        spikes = flexsn_dsl.loads(_spec(index), backend="triton").double()(x)  # the kernels load at a first call
+    torch.testing.assert_close(spikes, _reference(x, _threshold(index)))
+    assert planted.read_bytes() == _valid_file(compiled, _planted_body(compiled))  # untouched, never run
+
+
+@pytest.mark.parametrize("case", ["a-file", "under-a-file"])
+def test_unusable_cache_path_falls_back_to_a_private_folder(jail, monkeypatch, case):
+    index = 240 + ["a-file", "under-a-file"].index(case)
+    (jail / "file").write_text("not a folder")
+    monkeypatch.setenv("FLEXSN_DSL_CACHE", str(jail / "file" if case == "a-file" else jail / "file" / "sub"))
+    x = torch.rand(3, 4, dtype=torch.float64) * 2
+    with pytest.warns(UserWarning, match="cache folder") as record:
+        spikes = flexsn_dsl.loads(_spec(index), backend="triton").double()(x)
+    torch.testing.assert_close(spikes, _reference(x, _threshold(index)))
+    assert len([w for w in record if "cache folder" in str(w.message)]) == 1
+    folder = cache_dir()
+    assert folder != jail / "file" and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert list(folder.glob("guarded*.py"))
+    assert (jail / "file").read_text() == "not a folder"
+
+
+def test_kernels_run_from_the_verified_bytes(jail):
+    """Replacing the cache file after it was verified changes nothing: the module is never re-read;
+    tracebacks and inspect still see the source (triton.jit needs it)."""
+    compiled = compile_spec(text=_spec(250))
+    module = compiled.triton_module()
+    path = cache_dir() / f"{compiled.module_name}.py"
+    path.write_text(f"{PAYLOAD}\n")
+    assert "def guarded250_forward_core(" in inspect.getsource(module.guarded250_forward_core.fn)
+    x = torch.rand(3, 4, dtype=torch.float64) * 2
+    neuron = flexsn_dsl.loads(_spec(250), backend="triton").double()
+    torch.testing.assert_close(neuron(x), _reference(x, _threshold(250)))
+
+
+# -- stale kernels -----------------------------------------------------------------
+TUNABLE = """
+import os
+import flexsn_dsl
+
+@flexsn_dsl.hookimpl
+def flexsn_dsl_register_surrogates(registry):
+    registry.register("tunable", gradient="alpha * exp(-alpha * Abs(x))",
+                      params={"alpha": float(os.environ["TUNABLE_ALPHA"])})
+"""
+ONE_STEP = """neuron: {name}
+inputs: [x]
+surrogate: tunable
+states: {{v: 0.0}}
+step:
+  h: v + x
+  s: spike(h - 1.0)
+  v: h * (1 - s)
+outputs: [s]
+"""
+
+
+def _input_grad(neuron, x: torch.Tensor) -> torch.Tensor:
+    x = x.clone().requires_grad_()
+    neuron(x).sum().backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("edit", ["environment", "source"])
+def test_plugin_surrogate_default_change_gives_a_new_kernel(jail, monkeypatch, edit):
+    """A plugin changing a surrogate's default alpha (with its source unchanged, or edited) gets a new
+    Triton kernel: both backends follow the new alpha (dS/dx = alpha exp(-alpha |x - 1|) at T = 1)."""
+    plugin = jail / "tunable.py"
+    plugin.write_text(TUNABLE)
+    spec = ONE_STEP.format(name=f"stale_{edit}")
+    x = torch.linspace(-1, 3, 9, dtype=torch.float64).reshape(1, 9)
+    keys = set()
+    for alpha in (1.0, 3.0):
+        monkeypatch.setenv("TUNABLE_ALPHA", str(alpha))
+        if edit == "source":
+            plugin.write_text(TUNABLE + f"# alpha {alpha}\n")
+        clear_cache()
+        keys.add(compile_spec(text=spec, plugins=[plugin]).key)
+        expected = alpha * torch.exp(-alpha * (x - 1).abs())
+        for backend in ("torch", "triton"):
+            neuron = flexsn_dsl.loads(spec, plugins=[plugin], backend=backend).double()
+            torch.testing.assert_close(_input_grad(neuron, x), expected)
+    assert len(keys) == 2
+    clear_cache()
+
+
+@pytest.mark.parametrize("module", ["expressions.py", "model.py", "plugins.py", "runtime.py", "literals.py"])
+def test_package_source_change_gives_a_new_key(tmp_path, monkeypatch, module):
+    package = Path(compiler.__file__).parent
+    copy = tmp_path / "flexsn_dsl"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert compiler.generator_fingerprint(copy) == compiler.generator_fingerprint()
+    with open(copy / module, "a") as f:
+        f.write("# edited\n")
+    changed = compiler.generator_fingerprint(copy)
+    assert changed != compiler.generator_fingerprint()
+    compiled = compile_spec(text=_spec(260))
+    before = compiler.Compiled(compiled.model, dict(compiled.values)).key
+    monkeypatch.setattr(compiler, "GENERATOR_VERSION", f"{flexsn_dsl.__version__}+{changed}")
+    assert compiler.Compiled(compiled.model, dict(compiled.values)).key != before
+
+
+SCALING_PASS = """
+import json
+import flexsn_dsl
+from pathlib import Path
+
+def scale_input(ir):
+    factor = json.loads(Path(__file__).with_name("factor.json").read_text())
+    return ir.replace_exprs(lambda e: e.xreplace({ir.inputs[0]: factor * ir.inputs[0]}))
+
+def tag(source, module_name):
+    return source + "# tag " + Path(__file__).with_name("factor.json").read_text() + "\\n"
+
+@flexsn_dsl.hookimpl
+def flexsn_dsl_register_passes(registry):
+    registry.register("scale_input", stage="ir", function=scale_input)
+    registry.register("tag", stage="source", function=tag)
+"""
+
+
+def test_ir_pass_reading_other_code_gives_a_new_key(jail):
+    """What an IR pass returns is part of the key, whatever the pass reads (here a data file)."""
+    plugin = jail / "scaling.py"
+    plugin.write_text(SCALING_PASS)
+    spec = _spec(270)
+    x = torch.rand(6, 4, dtype=torch.float64)
+    keys = set()
+    for factor in (1.0, 3.0):
+        (jail / "factor.json").write_text(str(factor))
+        clear_cache()
+        keys.add(compile_spec(text=spec, plugins=[plugin], passes=["scale_input"]).key)
+        neuron = flexsn_dsl.loads(spec, plugins=[plugin], passes=["scale_input"], backend="triton").double()
+        torch.testing.assert_close(neuron(x), _reference(factor * x, _threshold(270)))
+    assert len(keys) == 2
+    clear_cache()
+
+
+def test_source_pass_output_is_regenerated_not_read_from_the_cache(jail):
+    """With a source pass, a cache file holding the right key is still not trusted."""
+    plugin = jail / "scaling.py"
+    plugin.write_text(SCALING_PASS)
+    (jail / "factor.json").write_text("2.0")
+    clear_cache()
+    compiled = compile_spec(text=_spec(280), plugins=[plugin], passes=["tag"])
+    cache = jail / "cache"
+    cache.mkdir(mode=0o700)
+    path = cache / f"{compiled.module_name}.py"
+    path.write_bytes(_valid_file(compiled, _planted_body(compiled)))
+    path.chmod(0o600)
+    module = compiled.triton_module()
+    assert module.INFO.neuron == "guarded280"
+    assert path.read_text().endswith("# tag 2.0\n") and PAYLOAD not in path.read_text()
+    clear_cache()
