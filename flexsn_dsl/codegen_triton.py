@@ -29,7 +29,10 @@ class FlexSNInfo:
     to where it comes from: ``("input", i)``, ``("output", i)`` or
     ``("saved", i)`` (an index into ``saved_names``). ``initial_values`` holds every
     state's initial value when none depends on a learnable parameter: the kernels
-    then start from these constants instead of reading initial states.
+    then start from these constants instead of reading initial states. ``zero_grads``
+    names the inputs and learnable parameters whose gradient through the step is identically
+    zero (the step does not use them, or only under ``detach`` or in conditions): the runtime
+    gives them no gradient from the kernels (None), as the torch backend does.
     """
 
     neuron: str
@@ -47,6 +50,7 @@ class FlexSNInfo:
     bwd_core_returns: tuple[str, ...]
     output_vars: tuple[str, ...] = field(default=())  # kernel variable holding each output
     initial_values: tuple[float, ...] = ()            # constant initial states, or () when not all are
+    zero_grads: tuple[str, ...] = ()                  # inputs and learnable parameters with no gradient
 
     @property
     def num_inputs(self) -> int:
@@ -178,6 +182,8 @@ def build_cores(ir: StepIR) -> Cores:
         output_vars=tuple(output_vars),
         initial_values=tuple(float(v) for v in ir.initial_states) if all(
             v.is_number for v in ir.initial_states) else (),
+        zero_grads=tuple(sym.name for sym, grad in zip(ir.inputs + ir.params, backward.results[:len(inputs)] +
+                                                        backward.results[len(inputs) + len(states):]) if grad == 0),
     )
     source = "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
     return Cores(forward_name, backward_name, source, info)

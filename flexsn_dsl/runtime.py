@@ -154,6 +154,7 @@ class FlexSN(nn.Module):
         for name, x in zip(names, inputs):
             if x.shape != shape:
                 raise ValueError(f"input {name!r} has shape {tuple(x.shape)}, expected {tuple(shape)} like {names[0]!r}")
+        inputs = _floating(inputs)
         if self.step_mode == "s":
             inputs = tuple(x.unsqueeze(0) for x in inputs)
         if inputs[0].dim() < 1:
@@ -161,7 +162,13 @@ class FlexSN(nn.Module):
         first = inputs[0][0] if inputs[0].shape[0] > 0 else inputs[0].new_zeros(inputs[0].shape[1:])
         states = [self.states.get(n) for n in self.spec.states]
         backend = self._choose_backend(first)
-        if any(s is None or s.shape != first.shape for s in states):
+        carried = [s for s in states if s is not None]
+        if carried and carried[0].shape != first.shape:
+            what = "an input of shape" if self.step_mode == "s" else "input steps of shape"
+            raise ValueError(f"{self.spec.name}: {what} {tuple(first.shape)}, but the states carried from the last "
+                             f"call have shape {tuple(carried[0].shape)}: call reset() before a new batch or input "
+                             "shape (states carry over between calls until reset())")
+        if len(carried) < len(states):
             values = self._initial_values()
             if backend == "triton" and not any(isinstance(v, torch.Tensor) for v in values):
                 states = []  # constants: the kernels start from them and read no initial-state tensor
@@ -198,6 +205,19 @@ class FlexSN(nn.Module):
         seqs = [_stack([s[k] for s in per_step_states], inputs[0]) for k in range(len(self.spec.states))] \
             if self.store_state_seqs else []
         return outputs, list(states), seqs
+
+
+def _floating(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The inputs in their common dtype by torch's type promotion; integer and bool inputs
+    become torch's default float dtype (the states they drive must hold fractions)."""
+    dtype = inputs[0].dtype
+    for x in inputs[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    if dtype.is_complex:
+        raise TypeError(f"inputs must be real numbers, got {dtype}")
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    return tuple(x if x.dtype == dtype else x.to(dtype) for x in inputs)
 
 
 def _like(value, like: torch.Tensor) -> torch.Tensor:

@@ -233,11 +233,16 @@ def _kernels_for(key: str, like: torch.Tensor) -> Kernels:
 
 @torch.library.custom_op("flexsn_dsl::fused_forward", mutates_args=())
 def fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
-                  params: torch.Tensor | None) -> list[torch.Tensor]:
+                  params: list[torch.Tensor]) -> list[torch.Tensor]:
     """Training forward: outputs, saved values, state sequences (if stored), final states.
-    ``inits`` is empty when the states start from the spec's constant initial values."""
-    outs, saved, seqs, finals, _ = _forward(_kernels_for(key, xs[0]), xs, inits, params, True, store_seqs)
+    ``inits`` is empty when the states start from the spec's constant initial values; ``params``
+    holds each learnable parameter as a 0-dim tensor (one each, so that each gets its own gradient)."""
+    outs, saved, seqs, finals, _ = _forward(_kernels_for(key, xs[0]), xs, inits, _stack(params), True, store_seqs)
     return [*outs, *saved, *seqs, *finals]
+
+
+def _stack(params: list[torch.Tensor]) -> torch.Tensor | None:
+    return torch.stack(params) if params else None
 
 
 @fused_forward.register_fake
@@ -278,24 +283,26 @@ def _setup_context(ctx, inputs, output):
     info = _REGISTRY[key].info
     n_out, n_saved = info.num_outputs, len(info.saved_names)
     ctx.key, ctx.store_seqs, ctx.n_inputs, ctx.n_out = key, store_seqs, len(xs), n_out
-    ctx.has_params = params is not None
+    ctx.n_params = len(params)
     ctx.n_inits = len(inits)
-    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], *([params] if ctx.has_params else []))
+    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], *params)
     ctx.n_saved = n_saved
 
 
 def _fused_autograd(ctx, grads):
     info = _REGISTRY[ctx.key].info
     tensors = list(ctx.saved_tensors)
-    params = tensors.pop() if ctx.has_params else None
+    params = tensors[len(tensors) - ctx.n_params:]
     k, n_in = ctx.n_saved, ctx.n_inputs
-    saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:]
+    saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:len(tensors) - ctx.n_params]
     n_out, n_st = info.num_outputs, info.num_states
     wanted = list(grads[:n_out]) + (list(grads[n_out + k:n_out + k + n_st]) if ctx.store_seqs else []) + \
         list(grads[len(grads) - n_st:])
-    result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, params, ctx.n_inits > 0)
-    grad_x, grad_init = result[:n_in], result[n_in:n_in + ctx.n_inits]
-    return None, None, grad_x, grad_init, (result[-1] if ctx.has_params else None)
+    result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, _stack(params), ctx.n_inits > 0)
+    grad_x = [None if name in info.zero_grads else g for name, g in zip(info.input_names, result[:n_in])]
+    grad_init = result[n_in:n_in + ctx.n_inits]
+    grad_params = [None if name in info.zero_grads else result[-1][i] for i, name in enumerate(info.param_names)]
+    return None, None, grad_x, grad_init, grad_params
 
 
 torch.library.register_autograd("flexsn_dsl::fused_forward", _fused_autograd, setup_context=_setup_context)
@@ -313,15 +320,17 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     Empty ``states``: start from the spec's constant initial values."""
     model = compiled.model
     dtype = _torch_compute_dtype(inputs[0].dtype)
-    param_vec = torch.stack([params[n].to(device=inputs[0].device, dtype=dtype).reshape(())
-                             for n in model.learnable]) if model.learnable else None
+    param_list = [params[n].to(device=inputs[0].device, dtype=dtype).reshape(()) for n in model.learnable]
     n_out, n_st = len(model.outputs), len(model.states)
     if torch.compiler.is_compiling():  # opaque custom operators; registered by FlexSN.__init__
-        results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_vec)
+        results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_list)
         seqs = list(results[len(results) - 2 * n_st:len(results) - n_st]) if store_seqs else []
         return list(results[:n_out]), list(results[len(results) - n_st:]), seqs
     launch_settings()  # a bad setting is an error even for calls that launch nothing (T=0)
     kernels = _kernels(compiled, inputs[0].device.type)
+    zero = kernels.info.zero_grads  # not in the graph: no gradient (None), as on the torch backend
+    inputs = [x.detach() if name in zero else x for name, x in zip(model.inputs, inputs)]
+    param_vec = _stack([p.detach() if name in zero else p for name, p in zip(model.learnable, param_list)])
     tensors = [*inputs, *states]
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in tensors) or (param_vec is not None and param_vec.requires_grad))
