@@ -2,6 +2,7 @@
 source -> cached, importable modules."""
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
 import hashlib
@@ -28,7 +29,8 @@ from .codegen_triton import Cores, build_cores
 from .errors import PluginError, SpecError
 from .ir import StepIR, build_ir, resolve_params
 from .literals import identifier
-from .model import NeuronModel, build_model, read_model
+from .model import RESERVED_NAMES, NeuronModel, build_model, read_model
+from .names import VARIANTS, generated_names, kernel_name
 from .plugins import X, Pass, Plugins, describe_exception, get_plugins, plugin_error, source_path
 from .printer import TORCH, Printer, float_literal
 from .templates import module_source
@@ -192,7 +194,7 @@ class Compiled:
             if p.stage != stage:
                 continue
             try:
-                value = _run_pass(p, value, *args)
+                value = _run_pass(p, value, *args, neuron=self.model.name)
             except PluginError as exc:
                 if not p.default or p.name in self.requested:
                     raise
@@ -310,19 +312,21 @@ def _ir_identity(ir: StepIR) -> str:
                         list(ir.initial_states)])
 
 
-def _run_pass(p: Pass, value, *args):
-    """Run one pass on ``value`` (a StepIR or the module text) and check what it returns."""
+def _run_pass(p: Pass, value, *args, neuron: str):
+    """Run one pass on ``value`` (a StepIR or the module text of ``neuron``) and check what it returns."""
     what = f"code-generation pass {p.name!r} (stage {p.stage})"
     try:
         result = p.function(value, *args)
-    except Exception as exc:  # noqa: BLE001 - any failure of plugin code is reported as the plugin's
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any failure of plugin code (SystemExit too) is the plugin's
         raise plugin_error(p.origin, f"{what} raised {describe_exception(exc, source_path(p.function))}",
                            "fix the pass, or build without it") from None
     if p.stage == "ir":
         if not isinstance(result, StepIR):
             raise plugin_error(p.origin, f"{what} returned {type(result).__name__}, expected a StepIR",
                                "return the rewritten IR, e.g. `return ir.replace_exprs(rewrite)`")
-        problem = _ir_problem(result)
+        problem = _ir_problem(result, value)
         if problem:
             raise plugin_error(p.origin, f"{what} returned an invalid IR: {problem}")
     else:
@@ -330,20 +334,60 @@ def _run_pass(p: Pass, value, *args):
             raise plugin_error(p.origin, f"{what} returned {type(result).__name__}, expected str (the module text)",
                                "return the rewritten source text")
         try:
-            compile(result, f"<{p.name} output for {args[0] if args else '?'}>", "exec")
-        except SyntaxError as exc:
-            raise plugin_error(p.origin, f"{what} returned text that is not valid Python: {exc.msg} "
-                                         f"at line {exc.lineno}: {(exc.text or '').strip()!r}") from None
+            tree = ast.parse(result, f"<{p.name} output>")
+        except (SyntaxError, ValueError) as exc:
+            where = f" at line {exc.lineno}: {(exc.text or '').strip()!r}" if isinstance(exc, SyntaxError) else ""
+            raise plugin_error(p.origin, f"{what} returned text that is not valid Python: "
+                                         f"{getattr(exc, 'msg', exc)}{where}") from None
+        missing = sorted({"INFO", *(kernel_name(neuron, v) for v in VARIANTS)} - _top_level_names(tree))
+        if missing:
+            raise plugin_error(p.origin, f"{what} returned a module without {', '.join(missing)}",
+                               "rewrite the module's text, keeping INFO and every kernel")
     return result
 
 
-def _ir_problem(ir: StepIR) -> str:
-    """Why an IR returned by a pass cannot be compiled ('' when it can)."""
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module's top-level statements define."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _name_problem(name: object, neuron: str) -> str:
+    """Why an IR name cannot be printed ('' when it can)."""
+    try:
+        identifier(name)
+    except ValueError as exc:
+        return str(exc)
+    if name in RESERVED_NAMES or name in generated_names(neuron) or name.startswith("_"):
+        return f"{name!r} is reserved for the generated code"
+    return ""
+
+
+def _ir_problem(ir: StepIR, before: StepIR) -> str:
+    """Why an IR returned by a pass (given ``before``) cannot be compiled ('' when it can)."""
+    for field_name in ("name", "input_names", "state_names", "param_names", "output_names"):
+        if getattr(ir, field_name) != getattr(before, field_name):
+            return f"{field_name} changed from {getattr(before, field_name)!r} to {getattr(ir, field_name)!r} " \
+                   "(a pass may rewrite expressions, not the neuron's interface)"
+    if not ir.outputs or len(ir.outputs) != len(ir.output_names) or len(ir.next_states) != len(ir.states):
+        return f"{len(ir.outputs)} outputs for {len(ir.output_names)} output names and {len(ir.next_states)} " \
+               f"next states for {len(ir.states)} states"
     defined = set(ir.inputs) | set(ir.states) | set(ir.params)
     printer = Printer(TORCH)
     for sym, expr in ir.assignments:
         if not isinstance(sym, sympy.Symbol):
             return f"assignment target {sym!r} is not a sympy Symbol"
+        problem = _name_problem(sym.name, ir.name)
+        if problem:
+            return f"assignment target: {problem}"
         if not isinstance(expr, sympy.Expr):
             return f"line {sym.name!r} is {type(expr).__name__} {expr}, not an expression"
         unknown = sorted(s.name for s in expr.free_symbols - defined)

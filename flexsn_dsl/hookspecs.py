@@ -50,13 +50,16 @@ def flexsn_dsl_register_passes(registry) -> None:
        kernels) and the derived backward. Return a new IR:
        ``ir.replace_exprs(fn)`` applies ``fn`` to every assigned expression;
        ``dataclasses.replace(ir, surrogate=...)`` changes the surrogate g(x).
-       The result is checked: a StepIR whose expressions only use inputs,
-       states, learnable parameters and names assigned on earlier lines, and
-       that both printers can print.
+       The result is checked: a StepIR with the same name, inputs, states,
+       learnable parameters and output names, whose lines assign unreserved
+       identifiers and only use inputs, states, learnable parameters and names
+       assigned on earlier lines, and that both printers can print.
     2. ``stage="source"``: ``function(source, module_name) -> str`` rewrites the
        text of the generated Triton module (``module_name`` is its name, e.g.
        ``lif_0123abcd...``) before it is written, imported and run. The result
-       must be a string that parses as Python. ``flexsn-dsl show SPEC --kernel
+       must be a string that parses as Python and still defines ``INFO`` and
+       every kernel. With a source pass the module is regenerated on every
+       load (never read back from the cache). ``flexsn-dsl show SPEC --kernel
        module`` and ``flexsn-dsl build`` show the rewritten module.
 
     Within a stage, passes run in ascending ``order`` (default 100), then by

@@ -405,3 +405,86 @@ def test_source_pass_output_is_regenerated_not_read_from_the_cache(jail):
     assert module.INFO.neuron == "guarded280"
     assert path.read_text().endswith("# tag 2.0\n") and PAYLOAD not in path.read_text()
     clear_cache()
+
+
+# -- what passes return --------------------------------------------------------------
+BAD_OUTPUT_PASSES = f"""
+import dataclasses
+import sympy
+import flexsn_dsl
+
+def first_assigned(ir, name):
+    return dataclasses.replace(ir, assignments=((sympy.Symbol(name, real=True), ir.inputs[0]), *ir.assignments))
+
+def named_h_q(ir):
+    return first_assigned(ir, "h q")
+
+def named_payload(ir):
+    return first_assigned(ir, "h = {PAYLOAD}")
+
+def named_tl(ir):
+    return first_assigned(ir, "tl")
+
+def named_like_a_kernel(ir):
+    return first_assigned(ir, ir.name + "_forward_core")
+
+def no_outputs(ir):
+    return dataclasses.replace(ir, outputs=())
+
+def renamed_output(ir):
+    return dataclasses.replace(ir, output_names=("spikes",))
+
+def exits(ir):
+    raise SystemExit(3)
+
+class Escape(BaseException):
+    pass
+
+def escapes(ir):
+    raise Escape("not an Exception")
+
+def drops_everything(source, module_name):
+    return "x = 1\\n"
+
+def drops_backward(source, module_name):
+    return source.replace("_backward_kernel(", "_other_kernel(")
+
+def payload_only(source, module_name):
+    return "{PAYLOAD}\\n"
+
+@flexsn_dsl.hookimpl
+def flexsn_dsl_register_passes(registry):
+    for f in (named_h_q, named_payload, named_tl, named_like_a_kernel, no_outputs, renamed_output, exits, escapes):
+        registry.register(f.__name__, stage="ir", function=f)
+    for f in (drops_everything, drops_backward, payload_only):
+        registry.register(f.__name__, stage="source", function=f)
+"""
+BAD_OUTPUTS = {
+    "named_h_q": "returned an invalid IR: assignment target: 'h q' is not an identifier",
+    "named_payload": "returned an invalid IR: assignment target: ",
+    "named_tl": "returned an invalid IR: assignment target: 'tl' is reserved",
+    "named_like_a_kernel": "_forward_core' is reserved",
+    "no_outputs": "returned an invalid IR: 0 outputs for 1 output names",
+    "renamed_output": "returned an invalid IR: output_names changed from ('s',) to ('spikes',)",
+    "exits": "(stage ir) raised SystemExit: 3",
+    "escapes": "(stage ir) raised Escape: not an Exception",
+    "drops_everything": "(stage source) returned a module without INFO, ",
+    "drops_backward": "(stage source) returned a module without guarded",
+    "payload_only": "(stage source) returned a module without INFO",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_OUTPUTS))
+def test_bad_pass_output_is_a_plugin_error_naming_the_pass(jail, name):
+    plugin = jail / "bad_outputs.py"
+    plugin.write_text(BAD_OUTPUT_PASSES)
+    clear_cache()
+    index = 300 + sorted(BAD_OUTPUTS).index(name)
+    source_pass = name in ("drops_everything", "drops_backward", "payload_only")
+    for backend in ("triton",) if source_pass else ("torch", "triton"):  # source passes rewrite Triton modules
+        with pytest.raises(flexsn_dsl.PluginError) as info:
+            flexsn_dsl.loads(_spec(index), plugins=[plugin], passes=[name], backend=backend)(torch.ones(2, 3))
+        message = info.value.message
+        assert message.startswith(f"plugin {plugin}: code-generation pass {name!r}"), message
+        assert BAD_OUTPUTS[name] in message, message
+    clear_cache()
