@@ -6,11 +6,11 @@ assignments in reverse. The saved set is the set of per-step values with the lea
 memory traffic (ties broken by the least recomputation) from which every value
 the adjoints read can be recomputed; for LIF that is one tensor, ``h``. Spike arguments are
 values too (:func:`name_spike_arguments`): the adaptive LIF's backward needs
-only ``h - b_dec``, one tensor where ``h`` and ``b_dec`` would be two.
+only ``h - b_dec``, one tensor where ``h`` and ``b_dec`` would be two. The choice is a
+minimum vertex cut of the step's dependency graph (max-flow), polynomial in the step's size.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 import sympy
@@ -18,8 +18,6 @@ import sympy
 from .ir import StepIR
 from .plugins import X
 from .symbolic import Spike, real_symbol, substitute_surrogate
-
-MAX_SUBSETS = 50_000
 
 
 @dataclass(frozen=True)
@@ -105,6 +103,17 @@ def _cost(expr: sympy.Expr) -> int:
 
 
 def _choose_saved(ir: StepIR, lines, results):
+    """The saved set and the forward lines the backward reruns from it, in polynomial time.
+
+    Saving a set S works when every path in the step's dependency graph from an input or
+    previous state to a value the backward reads passes through S: S is a vertex cut. Its
+    price is memory traffic: a value the forward must store costs a write and a read; an input
+    or output is in memory anyway and costs only the read. After node splitting
+    (``v_in -> v_out`` carries v's price) the cheapest S is a minimum s-t cut, found by max-flow.
+    Of all minimum cuts the one nearest the backward's needs leaves the fewest values (by
+    inclusion) to recompute, so it also has the least recomputation, and no other minimum cut
+    ties with it on both counts (every rerun line costs at least one).
+    """
     forward = dict(ir.assignments)
     order = [s for s, _ in ir.assignments]
     leaves = set(ir.inputs) | set(ir.states)
@@ -123,40 +132,83 @@ def _choose_saved(ir: StepIR, lines, results):
             frontier |= (forward[sym].free_symbols - params)
     ranked = [s for s in list(ir.inputs) + list(ir.states) + order if s in candidates]
 
-    def plan(saved: set):
-        available = set(saved) | params
-        for sym in order:
-            if sym not in available and forward[sym].free_symbols - available == set():
-                available.add(sym)
-        if not needed <= available:
-            return None
-        rerun, want = [], set(needed)
-        for sym in reversed(order):
-            if sym in want and sym not in saved:
-                rerun.append(sym)
-                want |= forward[sym].free_symbols - params
-        return sum(_cost(forward[s]) for s in rerun), list(reversed(rerun))
-
-    # Least memory traffic first: a value the forward must store costs a write and a read; an input or
-    # output is in memory anyway and costs only the read. Then the least recomputation.
+    index = {s: i for i, s in enumerate(ranked)}
     in_memory = set(ir.inputs) | set(ir.outputs)
-    tried, best = 0, None
-    for size in range(len(ranked) + 1):
-        if best is not None and size > best[0][0]:  # a set this large moves at least `size` tensors
+    source, sink = 2 * len(ranked), 2 * len(ranked) + 1  # v_in = 2 i, v_out = 2 i + 1
+    edges = []
+    for i, sym in enumerate(ranked):
+        edges.append((2 * i, 2 * i + 1, 1 if sym in in_memory else 2))
+        if sym in forward:
+            edges += [(2 * index[d] + 1, 2 * i, None) for d in forward[sym].free_symbols - params]
+        else:
+            edges.append((source, 2 * i, None))  # an input or previous state: it cannot be recomputed
+        if sym in needed:
+            edges.append((2 * i + 1, sink, None))
+    near = _sink_side(2 * len(ranked) + 2, edges, source, sink)
+    saved = {s for i, s in enumerate(ranked) if near[2 * i + 1] and not near[2 * i]}
+
+    rerun, want = [], set(needed)
+    for sym in reversed(order):
+        if sym in want and sym not in saved:
+            rerun.append(sym)
+            want |= forward[sym].free_symbols - params
+    return tuple(s for s in ranked if s in saved), tuple((s, forward[s]) for s in reversed(rerun))
+
+
+def _sink_side(size: int, edges, source: int, sink: int) -> list[bool]:
+    """The sink side of the minimum ``source``-``sink`` cut nearest the sink: the nodes that
+    reach the sink in the residual graph of a maximum flow (Dinic's algorithm). ``edges`` are
+    (tail, head, capacity), capacity None for unbounded."""
+    unbounded = sum(c for _, _, c in edges if c is not None) + 1
+    heads, caps, out = [], [], [[] for _ in range(size)]
+    for u, v, c in edges:  # edge e and its reverse e ^ 1
+        out[u].append(len(heads))
+        heads.append(v)
+        caps.append(unbounded if c is None else c)
+        out[v].append(len(heads))
+        heads.append(u)
+        caps.append(0)
+    while True:
+        level = [-1] * size
+        level[source] = 0
+        queue = [source]
+        for u in queue:
+            for e in out[u]:
+                if caps[e] > 0 and level[heads[e]] < 0:
+                    level[heads[e]] = level[u] + 1
+                    queue.append(heads[e])
+        if level[sink] < 0:
             break
-        for subset in itertools.combinations(ranked, size):
-            tried += 1
-            if tried > MAX_SUBSETS:
-                break
-            result = plan(set(subset))
-            if result is not None:
-                score = (sum(1 if s in in_memory else 2 for s in subset), result[0])
-                if best is None or score < best[0]:
-                    best = (score, subset, result[1])
-        if tried > MAX_SUBSETS:
-            break
-    if best is not None:
-        _, subset, rerun = best
-        return tuple(subset), tuple((s, forward[s]) for s in rerun)
-    saved = tuple(s for s in ranked if s in needed)
-    return saved, ()
+        nxt = [0] * size
+        path, u = [], source
+        while True:  # augment along shortest paths until none is left (a blocking flow)
+            if u == sink:
+                push = min(caps[e] for e in path)
+                for e in path:
+                    caps[e] -= push
+                    caps[e ^ 1] += push
+                path, u = [], source
+                continue
+            while nxt[u] < len(out[u]):
+                e = out[u][nxt[u]]
+                if caps[e] > 0 and level[heads[e]] == level[u] + 1:
+                    path.append(e)
+                    u = heads[e]
+                    break
+                nxt[u] += 1
+            else:
+                if u == source:
+                    break
+                level[u] = -1  # a dead end for the rest of this phase
+                u = heads[path.pop() ^ 1]
+                nxt[u] += 1
+    near = [False] * size
+    near[sink] = True
+    queue = [sink]
+    for v in queue:  # backwards along edges with capacity left
+        for e in out[v]:
+            u = heads[e]
+            if caps[e ^ 1] > 0 and not near[u]:
+                near[u] = True
+                queue.append(u)
+    return near
