@@ -17,7 +17,7 @@ import sympy
 
 from .ir import StepIR
 from .plugins import X
-from .symbolic import Spike, real_symbol, substitute_surrogate
+from .symbolic import Spike, differentiable_powers, plain_powers, real_symbol, substitute_surrogate
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,9 @@ def differentiate(ir: StepIR) -> Backward:
         else:
             g = _grad(sym)
             lines.append((g, total))
+        expr = differentiable_powers(expr)
         for dep in sorted(expr.free_symbols & wrt, key=lambda s: s.name):
-            d = sympy.diff(expr, dep)
+            d = plain_powers(sympy.diff(expr, dep))
             if d != 0:
                 adjoint.setdefault(dep, []).append(g * d)
     results = tuple(sympy.Add(*adjoint.get(s, [])) for s in ir.inputs + ir.states + ir.params)

@@ -185,5 +185,5 @@ def build_cores(ir: StepIR) -> Cores:
         zero_grads=tuple(sym.name for sym, grad in zip(ir.inputs + ir.params, backward.results[:len(inputs)] +
                                                         backward.results[len(inputs) + len(states):]) if grad == 0),
     )
-    source = "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
+    source = p.helper_source() + "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
     return Cores(forward_name, backward_name, source, info)

@@ -9,7 +9,7 @@ import sympy
 from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
 from .literals import identifier, number
-from .symbolic import Detach, Sigmoid, Spike, SurrogateGrad
+from .symbolic import Detach, PowBaseGrad, PowExpGrad, Sigmoid, Spike, SurrogateGrad
 
 ATOM, POW, UNARY, MUL, ADD, CMP, AND, OR = 100, 60, 50, 40, 30, 20, 15, 10
 
@@ -21,8 +21,6 @@ class Dialect:
     where: str                           # "where({0}, {1}, {2})" template
     spike: str                           # template of the Heaviside forward
     detach: str                          # template of detach
-    integer_power_limit: int             # x**n with |n| up to this prints as products
-    general_power: str                   # template for b ** e
     scalar_where: Callable[[str, str, str, str], str]  # (cond, a, b, like) -> source
 
 
@@ -43,8 +41,6 @@ TORCH = Dialect(
     where="torch.where({0}, {1}, {2})",
     spike="_spike({0})",
     detach="({0}).detach()",
-    integer_power_limit=0,
-    general_power="{0} ** {1}",
     scalar_where=_torch_scalar_where,
 )
 
@@ -57,10 +53,51 @@ TRITON = Dialect(
     where="tl.where({0}, {1}, {2})",
     spike="_heaviside({0})",
     detach="{0}",
-    integer_power_limit=16,
-    general_power="tl.exp({1} * tl.log({0}))",
     scalar_where=_triton_scalar_where,
 )
+
+MAX_SQUARING_EXPONENT = 2 ** 53  # integer powers up to this by repeated squaring; above, floats are even
+
+# Triton helpers for powers; b ** e, d/db and d/de as torch.pow and its autograd compute them.
+_POW_HELPERS = {
+    "_pow": '''@triton.jit
+def _pow(b, e):
+    """b ** e for a tensor e, as torch.pow: |b| ** e with the sign of an odd integral power of a
+    negative base, NaN for a non-integral one; 0 ** e is 0, 1, inf for e > 0, e == 0, e < 0."""
+    b = tl.zeros_like(e) + b
+    m = tl.exp(e * tl.log(tl.abs(b)))
+    signed = tl.where(tl.floor(0.5 * e) == 0.5 * e, m, -m)
+    m = tl.where(b < 0.0, tl.where(tl.floor(e) == e, signed, float("nan")), m)
+    return tl.where(e == 0.0, 1.0, m)
+''',
+    "_pow_dbase": '''@triton.jit
+def _pow_dbase(b, e):
+    """d(b ** e)/db as torch computes it: e * b ** (e - 1), and 0 where e == 0."""
+    return tl.where(e == 0.0, 0.0, e * _pow(b, e - 1.0))
+''',
+    "_pow_dexp": '''@triton.jit
+def _pow_dexp(b, e):
+    """d(b ** e)/de as torch computes it: b ** e * log(b), and 0 where b == 0 and e >= 0."""
+    b = tl.zeros_like(e) + b
+    d = _pow(b, e) * tl.log(b)
+    return tl.where(b == 0.0, tl.where(e >= 0.0, 0.0, d), d)
+''',
+}
+
+
+def _squaring_helper(n: int) -> str:
+    """``_pow_<n>(x)``: x ** n by repeated squaring (exact for any sign of x, as torch)."""
+    lines = ["@triton.jit", f"def _pow_{number(n)}(x):", f'    """x ** {number(n)} by repeated squaring."""']
+    factors, power, name = [], 1, "x"
+    while True:
+        if n & power:
+            factors.append(name)
+        if 2 * power > n:
+            break
+        lines.append(f"    x{2 * power} = {name} * {name}")
+        power, name = 2 * power, f"x{2 * power}"
+    return "\n".join(lines + ["    return " + " * ".join(factors)]) + "\n"
+
 
 _CMP = {sympy.StrictLessThan: "<", sympy.LessThan: "<=", sympy.StrictGreaterThan: ">",
         sympy.GreaterThan: ">=", sympy.Eq: "==", sympy.Ne: "!="}
@@ -81,6 +118,15 @@ class Printer:
     def __init__(self, dialect: Dialect, names: Mapping[sympy.Symbol, str] | None = None):
         self.dialect = dialect
         self.names = dict(names or {})
+        self.helpers: set[str | int] = set()  # Triton helpers the printed text calls: names, or n of _pow_<n>
+
+    def helper_source(self) -> str:
+        """The ``@triton.jit`` helpers the text printed so far calls: ``_pow_<n>`` by n, then
+        the general power and its derivatives (each once, in this fixed order)."""
+        squares = sorted(h for h in self.helpers if isinstance(h, int))
+        named = [h for h in _POW_HELPERS if h in self.helpers]
+        return "".join(_squaring_helper(n) + "\n\n" for n in squares) + \
+            "".join(_POW_HELPERS[h] + "\n\n" for h in named)
 
     def __call__(self, expr) -> str:
         return self._print(sympy.sympify(expr), 0)
@@ -119,6 +165,8 @@ class Printer:
             return self.dialect.spike.format(self._print(e.args[0], 0))
         if isinstance(e, Detach):
             return self.dialect.detach.format(self._print(e.args[0], outer if self.dialect is TRITON else 0))
+        if isinstance(e, (PowBaseGrad, PowExpGrad)):
+            return self._pow_grad(e)
         if isinstance(e, SurrogateGrad):
             raise ValueError("SurrogateGrad must be substituted before printing")
         if isinstance(e, (sympy.Max, sympy.Min)):
@@ -152,7 +200,8 @@ class Printer:
             return self._wrap(f"-{self._print(-e, UNARY)}", UNARY, outer)
         num, den = [], []
         for factor in e.as_ordered_factors():
-            if isinstance(factor, sympy.Pow) and factor.exp.is_number and factor.exp.is_negative:
+            if isinstance(factor, sympy.Pow) and factor.exp.is_number and factor.exp.is_negative and \
+                    (self.dialect is TRITON or factor.exp == -1):  # torch: x ** -n, as torch differentiates it
                 den.append(sympy.Pow(factor.base, -factor.exp))
             elif isinstance(factor, sympy.Rational) and not factor.is_Integer and factor.p == 1:
                 den.append(sympy.Integer(factor.q))
@@ -169,19 +218,44 @@ class Printer:
 
     def _pow(self, e: sympy.Pow, outer: int) -> str:
         base, exp = e.base, e.exp
-        if exp.is_number and exp.is_negative:
-            return self._wrap(f"1.0 / {self._print(sympy.Pow(base, -exp, evaluate=False), MUL + 1)}", MUL, outer)
         if exp == sympy.Rational(1, 2):
             return self._sqrt(base)
-        if exp.is_number and float(exp).is_integer():
-            n = int(float(exp))
-            if n == 1:
-                return self._print(base, outer)
-            if 0 < n <= self.dialect.integer_power_limit:
-                return self._wrap(" * ".join([self._print(base, MUL + 1)] * n), MUL, outer)
-        exp_text = str(int(float(exp))) if exp.is_number and float(exp).is_integer() else self._print(exp, POW + 1)
-        text = self.dialect.general_power.format(self._print(base, POW + 1), exp_text)
-        return self._wrap(text, POW if self.dialect is TORCH else ATOM, outer)
+        if self.dialect is TORCH and exp == -1:
+            return self._wrap(f"1.0 / {self._print(base, MUL + 1)}", MUL, outer)
+        if self.dialect is TORCH:  # torch.pow is right for every base and exponent, and so is its autograd
+            exp_text = self._integer(exp) or self._print(exp, POW + 1)
+            return self._wrap(f"{self._print(base, POW + 1)} ** {exp_text}", POW, outer)
+        if exp.is_number and exp.is_negative:
+            return self._wrap(f"1.0 / {self._print(sympy.Pow(base, -exp, evaluate=False), MUL + 1)}", MUL, outer)
+        n = self._integer(exp)
+        if n == "1":
+            return self._print(base, outer)
+        if n is not None:
+            if int(n) > MAX_SQUARING_EXPONENT:  # as a float (as torch takes it) n is even: |b| ** n
+                return f"tl.exp({float_literal(float(n))} * tl.log(tl.abs({self._print(base, 0)})))"
+            self.helpers.add(int(n))
+            return f"{identifier(f'_pow_{n}')}({self._print(base, 0)})"
+        if exp.is_number:  # non-integral: exp(e log b) is 0, inf, NaN for b = 0 (e > 0, e < 0), b < 0, as torch
+            return f"tl.exp({self._print(exp, MUL)} * tl.log({self._print(base, 0)}))"
+        self.helpers.add("_pow")
+        return f"_pow({self._print(base, 0)}, {self._print(exp, 0)})"
+
+    @staticmethod
+    def _integer(exp) -> str | None:
+        """An integral numeric exponent as an integer literal (``2.0`` -> ``2``), else None."""
+        if exp.is_Integer:
+            return number(int(exp))
+        if exp.is_number:
+            value = float(exp)
+            return number(int(value)) if value.is_integer() else None
+        return None
+
+    def _pow_grad(self, e) -> str:
+        name = "_pow_dbase" if isinstance(e, PowBaseGrad) else "_pow_dexp"
+        if self.dialect is not TRITON:
+            raise ValueError(f"{type(e).__name__} prints only for Triton")
+        self.helpers |= {"_pow", name}
+        return f"{name}({self._print(e.args[0], 0)}, {self._print(e.args[1], 0)})"
 
     def _extremum(self, e) -> str:
         is_max = isinstance(e, sympy.Max)

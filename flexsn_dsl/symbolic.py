@@ -21,14 +21,20 @@ class Spike(sympy.Function):
         return SurrogateGrad(self.args[0])
 
 
-class SurrogateGrad(sympy.Function):
+class _Derivative(sympy.Function):
+    """A first derivative that is printed, never differentiated again."""
+
+    is_real = True
+    _of = "spike()"
+
+    def fdiff(self, argindex=1):
+        raise NotImplementedError(f"second derivatives of {self._of} are not supported")
+
+
+class SurrogateGrad(_Derivative):
     """dSpike/du = g(u); replaced by the spec's surrogate formula before printing."""
 
     nargs = 1
-    is_real = True
-
-    def fdiff(self, argindex=1):
-        raise NotImplementedError("second derivatives of spike() are not supported")
 
 
 class Detach(sympy.Function):
@@ -61,6 +67,45 @@ class Sigmoid(sympy.Function):
 
     def fdiff(self, argindex=1):
         return self * (1 - self)
+
+
+class GeneralPow(sympy.Function):
+    """``b ** e`` with a symbolic exponent, while it is differentiated: its derivatives are
+    :class:`PowBaseGrad` and :class:`PowExpGrad` (torch's, where sympy's ``e * b**e / b`` and
+    ``b**e * log(b)`` are NaN or complex at b <= 0)."""
+
+    nargs = 2
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        return (PowBaseGrad if argindex == 1 else PowExpGrad)(*self.args)
+
+
+class PowBaseGrad(_Derivative):
+    """d(b**e)/db as torch computes it: ``e * b**(e - 1)``, 0 where e == 0."""
+
+    nargs = 2
+    _of = "powers"
+
+
+class PowExpGrad(_Derivative):
+    """d(b**e)/de as torch computes it: ``b**e * log(b)``, 0 where b == 0 and e >= 0."""
+
+    nargs = 2
+    _of = "powers"
+
+
+def differentiable_powers(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with every power of a symbolic exponent as :class:`GeneralPow`."""
+    if not any(p.exp.free_symbols for p in expr.atoms(sympy.Pow)):
+        return expr
+    return expr.replace(lambda e: isinstance(e, sympy.Pow) and e.exp.free_symbols, lambda e: GeneralPow(*e.args))
+
+
+def plain_powers(expr: sympy.Expr) -> sympy.Expr:
+    """Undo :func:`differentiable_powers`."""
+    mapping = {g: sympy.Pow(*g.args) for g in expr.atoms(GeneralPow)}
+    return expr.xreplace(mapping) if mapping else expr
 
 
 def real_symbol(name: str) -> sympy.Symbol:
