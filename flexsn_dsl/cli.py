@@ -31,11 +31,8 @@ def _specs(paths: Sequence[str]) -> tuple[list[Path], list[SpecError]]:
             if not candidates:
                 problems.append(SpecError(f"no *.yaml or *.yml spec files in folder {path}",
                                           hint="give a folder that holds specs, or the spec files themselves"))
-        elif path.is_file():
-            candidates = [path]
         elif path.exists():
-            problems.append(SpecError(f"{path} is not a file or a folder",
-                                      hint="give a spec file or a folder of specs"))
+            candidates = [path]  # read as load() reads it: a FIFO or a device is refused there
         else:
             problems.append(SpecError(f"{path} does not exist", hint=_missing_hint(path)))
         for candidate in candidates:

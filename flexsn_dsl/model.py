@@ -20,7 +20,7 @@ from .errors import SourcePos, SpecError
 from .expressions import DSL_FUNCTIONS, MAX_CONDITION_NODES, ExpressionParser, closest
 from .names import generated_names
 from .plugins import Plugins, Surrogate
-from .source import Node, parse_yaml
+from .source import Node, parse_yaml, read_spec
 from .symbolic import Detach, Spike, real_symbol
 
 TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "surrogate", "step", "outputs", "passes")
@@ -579,15 +579,5 @@ def build_model(text: str, file: str, plugins: Plugins) -> NeuronModel:
 
 
 def read_model(path: str | Path, plugins: Plugins) -> NeuronModel:
-    """Read and validate a spec file."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror}", None, "check the path") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path} is not UTF-8 text (byte {exc.start})", SourcePos(str(path), 1, 1),
-                        "save the spec as UTF-8") from None
-    return build_model(text, str(path), plugins)
+    """Read (:func:`source.read_spec`) and validate a spec file."""
+    return build_model(read_spec(path), str(path), plugins)

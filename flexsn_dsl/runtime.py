@@ -11,6 +11,7 @@ from torch import nn
 
 from .compiler import Compiled, compile_spec
 from .errors import SpecError
+from .source import spec_text
 
 BACKENDS = ("auto", "torch", "triton")
 STEP_MODES = ("s", "m")
@@ -245,16 +246,16 @@ def load(path: str | os.PathLike, params: dict[str, float] | None = None, step_m
     code-generation passes by name. Raises :class:`flexsn_dsl.SpecError` on a bad spec.
     """
     plugins = _plugin_paths(plugins)
-    compiled = compile_spec(Path(path), params=params, plugins=plugins, passes=passes)
+    compiled = compile_spec(path, params=params, plugins=plugins, passes=passes)
     return _module(compiled, plugins, step_mode, backend, store_state_seqs)
 
 
 def loads(text: str, params: dict[str, float] | None = None, step_mode: str = "m", backend: str = "auto",
           store_state_seqs: bool = False, plugins: Iterable[str] = (), passes: Iterable[str] = (),
           filename: str = "<string>") -> FlexSN:
-    """Like :func:`load`, from spec text."""
+    """Like :func:`load`, from spec text (a str, or UTF-8 bytes)."""
     plugins = _plugin_paths(plugins)
-    compiled = compile_spec(filename, text=text, params=params, plugins=plugins, passes=passes)
+    compiled = compile_spec(filename, text=spec_text(text, filename), params=params, plugins=plugins, passes=passes)
     return _module(compiled, plugins, step_mode, backend, store_state_seqs)
 
 

@@ -7,13 +7,15 @@ is bounded.
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from .errors import SourcePos, SpecError
+from .errors import SourcePos, SpecError, SpecTypeError
 
 MAX_SPEC_BYTES = 1_000_000
 MAX_NODES = 10_000  # YAML values, aliases expanded (a spec has a few dozen)
@@ -292,6 +294,62 @@ def _check_tabs(text: str, file: str) -> None:
             raise SpecError("tab character in indentation", SourcePos(file, number, col),
                             "YAML indents with spaces only: replace the tab with spaces",
                             source_line=line)
+
+
+def _decode(data: bytes, file: str, what: str) -> str:
+    """UTF-8 ``data`` as text; a SpecError at the first byte that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start]
+        line_start = before.rfind(b"\n") + 1
+        col = len(before[line_start:].decode("utf-8", "replace")) + 1
+        raise SpecError(f"{what} is not UTF-8 (byte {exc.start}: {data[exc.start:exc.end]!r})",
+                        SourcePos(file, before.count(b"\n") + 1, col), "save the spec as UTF-8") from None
+
+
+def spec_text(text: object, file: str = "<string>") -> str:
+    """Spec text given in Python: a str, or UTF-8 bytes."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return _decode(bytes(text), file, "the spec text")
+    if not isinstance(text, str):
+        raise SpecTypeError(f"the spec text must be a str (or UTF-8 bytes), not {type(text).__name__}",
+                            hint="pass the YAML text itself; to read a spec file, use flexsn_dsl.load(path)")
+    return text
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a device"),
+               (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_spec(path: str | os.PathLike) -> str:
+    """The text of a spec file, read safely: a regular file only (a FIFO, a device or a folder is
+    refused without waiting on it or reading it) and at most MAX_SPEC_BYTES bytes of it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise SpecTypeError(f"a spec path must be a str or os.PathLike, not {type(path).__name__}",
+                            hint="pass the path of a .yaml file; to load spec text, use flexsn_dsl.loads(text)")
+    file = os.fsdecode(path)
+    try:
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # opening a FIFO must not wait
+    except (OSError, ValueError) as exc:  # ValueError: a NUL character in the path
+        raise SpecError(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}", None,
+                        "check the path") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((k for test, k in _FILE_KINDS if test(mode)), "a special file")
+        raise SpecError(f"{file} is {kind}, not a spec file", None, "give the path of a .yaml spec file")
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        data = bytearray()
+        while len(data) <= MAX_SPEC_BYTES:
+            chunk = f.read(MAX_SPEC_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(f"the spec file is more than {MAX_SPEC_BYTES} bytes, the limit", SourcePos(file, 1, 1),
+                        "a neuron spec is a few dozen lines: check that this is the right file")
+    return _decode(bytes(data), file, file)
 
 
 def parse_yaml(text: str, file: str = "<string>") -> Node:

@@ -7,7 +7,11 @@ check`` in-process): both must refuse it with the same message at the same place
 """
 from __future__ import annotations
 
+import ast
 import math
+import os
+import threading
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -16,7 +20,11 @@ import torch
 import flexsn_dsl
 from flexsn_dsl import SpecError
 from flexsn_dsl.cli import main
+from flexsn_dsl.compiler import compile_spec
 from flexsn_dsl.errors import SpecTypeError
+from flexsn_dsl.model import MODULE_ATTRIBUTES
+from flexsn_dsl.names import generated_names
+from flexsn_dsl.source import MAX_SPEC_BYTES
 
 P = pytest.param
 
@@ -307,11 +315,6 @@ def test_names_next_to_the_refused_ones_build_and_run(text, backend):
 def test_generated_names_are_the_generated_modules_functions():
     """names.generated_names lists exactly the top-level functions the Triton module defines
     from the neuron's name (plus the shared helper _heaviside)."""
-    import ast
-
-    from flexsn_dsl.compiler import compile_spec
-    from flexsn_dsl.names import generated_names
-
     compiled = compile_spec(text=simple(neuron="lif"))
     tree = ast.parse(compiled.triton_source)
     functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
@@ -321,8 +324,159 @@ def test_generated_names_are_the_generated_modules_functions():
 def test_module_attributes_cover_the_real_module():
     """MODULE_ATTRIBUTES holds every public attribute of a FlexSN instance and of nn.Module,
     so a learnable parameter can never take one (a new attribute fails this test)."""
-    from flexsn_dsl.model import MODULE_ATTRIBUTES
-
     m = flexsn_dsl.loads(simple(), backend="torch")
     real = {n for n in {*dir(m), *dir(torch.nn.Module)} if not n.startswith("_")}
     assert real <= MODULE_ATTRIBUTES, sorted(real - MODULE_ATTRIBUTES)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading: one reader for load, check and show; regular files only, at most the size limit
+# ---------------------------------------------------------------------------------------
+GOOD = "neuron: n\nstates: {v: 0.0}\nstep:\n  s: spike(v + x - 1.0)\n"
+
+
+def _bad_path(tmp_path, kind: str) -> str:
+    path = tmp_path / f"{kind}.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        return "/dev/zero"
+    elif kind == "folder":
+        path.mkdir()
+        (path / "inner.yaml").write_text(GOOD)  # a folder of specs is still not a spec file for load
+    elif kind == "oversized":
+        path.write_text(GOOD + "#" * (MAX_SPEC_BYTES - len(GOOD) + 1))  # one byte over
+    elif kind == "huge-sparse":
+        with open(path, "wb") as f:
+            f.truncate(200 * MAX_SPEC_BYTES)  # 200 MB that take no disk space
+    elif kind == "binary":
+        path.write_bytes(b"neuron: n\nstates: {v: \xff\xfe}\n")
+    return str(path)
+
+
+READ_ERRORS = [
+    P("fifo", "is a FIFO (named pipe), not a spec file", None, id="fifo"),
+    P("device", "/dev/zero is a device, not a spec file", None, id="dev-zero"),
+    P("oversized", "more than 1000000 bytes", (1, 1), id="one-byte-over"),
+    P("huge-sparse", "more than 1000000 bytes", (1, 1), id="200-MB"),
+    P("binary", "is not UTF-8 (byte 22: b'\\xff')", (2, 13), id="not-utf8"),
+]
+
+
+def _unblock_after(path: str, seconds: float):
+    """A guard for a reader that waits on a FIFO: opens it for writing after ``seconds`` (so a hung
+    read returns) and reports whether it had to."""
+    state = {"had_to": False}
+    done = threading.Event()
+
+    def guard():
+        if not done.wait(seconds) and os.path.exists(path) and not os.path.isfile(path) and path != "/dev/zero":
+            state["had_to"] = True
+            with open(path, "wb"):
+                pass
+
+    thread = threading.Thread(target=guard, daemon=True)
+    thread.start()
+    return done, state
+
+
+@pytest.mark.parametrize("kind, fragment, position", READ_ERRORS)
+def test_load_check_and_show_refuse_what_is_not_a_spec_file(tmp_path, capsys, kind, fragment, position):
+    path = _bad_path(tmp_path, kind)
+    done, guard = _unblock_after(path, 30)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SpecError) as info:
+            flexsn_dsl.load(path, backend="torch")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    exc = info.value
+    assert fragment in exc.message and exc.hint, str(exc)
+    assert (exc.pos is None if position is None else (exc.file, exc.line, exc.col) == (path, *position)), str(exc)
+    assert peak < 20 * 1_000_000, f"reading took {peak} bytes"  # at most the limit (+1 byte) is read
+    for command in ("check", "show"):
+        capsys.readouterr()
+        assert main([command, path]) == 1
+        err = capsys.readouterr().err
+        assert exc.format() in err, err
+    done.set()
+    assert not guard["had_to"], "a reader waited on the FIFO"
+
+
+def test_a_folder_is_not_loaded_but_checked_as_a_folder_of_specs(tmp_path, capsys):
+    path = _bad_path(tmp_path, "folder")
+    with pytest.raises(SpecError, match="is a folder, not a spec file") as info:
+        flexsn_dsl.load(path)
+    assert info.value.hint
+    assert main(["show", path]) == 1
+    assert "is a folder, not a spec file" in capsys.readouterr().err
+    assert main(["check", path]) == 0  # check takes folders: the spec inside is checked
+    assert "ok  " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", [P("missing.yaml", id="missing"), P("bad\0name.yaml", id="nul-in-path")])
+def test_a_path_that_cannot_be_opened(tmp_path, path):
+    with pytest.raises(SpecError, match="cannot read") as info:
+        flexsn_dsl.load(f"{tmp_path}/{path}")
+    assert info.value.hint == "check the path"
+
+
+def test_a_spec_of_exactly_the_size_limit_loads(tmp_path):
+    path = tmp_path / "padded.yaml"
+    path.write_text(GOOD + "#" * (MAX_SPEC_BYTES - len(GOOD) - 1) + "\n")
+    assert path.stat().st_size == MAX_SPEC_BYTES
+    m = flexsn_dsl.load(path, backend="torch")
+    x = torch.tensor([[0.5, 1.5]], dtype=torch.float64)
+    assert torch.equal(m.double()(x), (x - 1.0 >= 0).double())
+    assert main(["check", str(path)]) == 0
+
+
+@pytest.mark.parametrize("text, shown", [(None, "NoneType"), (123, "int"), (1.5, "float"), ([GOOD], "list"),
+                                         ({"neuron": "n"}, "dict")])
+def test_loads_refuses_what_is_not_text(text, shown):
+    with pytest.raises(TypeError) as info:
+        flexsn_dsl.loads(text, backend="torch")
+    assert isinstance(info.value, SpecError)
+    assert info.value.message == f"the spec text must be a str (or UTF-8 bytes), not {shown}"
+    assert "flexsn_dsl.load(path)" in info.value.hint
+
+
+def test_loads_refuses_a_path_object_pointing_to_load(tmp_path):
+    path = tmp_path / "good.yaml"
+    path.write_text(GOOD)
+    with pytest.raises(TypeError, match="not PosixPath|not WindowsPath") as info:
+        flexsn_dsl.loads(path, backend="torch")
+    assert "flexsn_dsl.load(path)" in info.value.hint
+
+
+@pytest.mark.parametrize("convert", [bytes, bytearray, memoryview])
+def test_loads_takes_utf8_bytes_as_the_text(convert):
+    """Bytes give the same model as the str; a step that also runs (spike(v + x - 1))."""
+    text = GOOD.replace("neuron: n", "neuron: n\ndescription: \u00e9t\u00e9 \u2014 \u03c4")
+    m = flexsn_dsl.loads(convert(text.encode("utf-8")), backend="torch")
+    assert m.spec.text == text and m.spec.description == "\u00e9t\u00e9 \u2014 \u03c4"
+    x = torch.tensor([[0.5, 1.5]], dtype=torch.float64)
+    assert torch.equal(m.double()(x), (x - 1.0 >= 0).double())
+
+
+@pytest.mark.parametrize("data, line, col", [
+    (b"neuron: n\nstates: {v: \xff}\n", 2, 13),
+    (b"\xfeneuron: n\n", 1, 1),
+    ("neuron: n\ndescription: \u00e9\u00e9".encode() + b"\xc3(\n", 2, 16),  # a truncated 2-byte character
+])
+def test_loads_points_at_the_first_byte_that_is_not_utf8(data, line, col):
+    with pytest.raises(SpecError) as info:
+        flexsn_dsl.loads(data, backend="torch", filename="bytes.yaml")
+    assert not isinstance(info.value, TypeError)
+    assert (info.value.file, info.value.line, info.value.col) == ("bytes.yaml", line, col), str(info.value)
+    assert info.value.message.startswith("the spec text is not UTF-8 (byte ") and info.value.hint
+
+
+@pytest.mark.parametrize("path, shown", [(None, "NoneType"), (123, "int"), (b"spec.yaml", "bytes")])
+def test_load_refuses_what_is_not_a_path(path, shown):
+    with pytest.raises(TypeError) as info:
+        flexsn_dsl.load(path, backend="torch")
+    assert isinstance(info.value, SpecError)
+    assert info.value.message == f"a spec path must be a str or os.PathLike, not {shown}"
+    assert "flexsn_dsl.loads(text)" in info.value.hint
