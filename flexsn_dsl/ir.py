@@ -53,17 +53,20 @@ class StepIR:
 
 
 def param_value(name: str, value: object, pos: SourcePos | None = None) -> float:
-    """A parameter value given in Python (``params=``) as a float: a real number or a one-element
-    tensor or array of one, not a bool, and finite. ``pos`` is where the parameter is declared."""
+    """A parameter value given in Python (``params=``) as a float: a real number (or a 0-dim tensor
+    or array holding one), not a bool, and finite. ``pos`` is where the parameter is declared."""
     if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
         value = value.item()  # a 0-dim tensor or array
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise SpecTypeError(f"params[{name!r}] must be a number, not {type(value).__name__} {value!r}", pos,
+        raise SpecTypeError(f"params[{name!r}] must be a number, not {type(value).__name__} {repr(value):.80}", pos,
                             f"pass a float, e.g. params={{{name!r}: 2.0}}")
-    number = float(value)
+    hint = "give a finite value; the generated code holds only finite constants"
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float64
+        raise SpecError(f"params[{name!r}] is too large for a float64", pos, hint) from None
     if not math.isfinite(number):
-        raise SpecError(f"params[{name!r}] = {number} is not a finite number", pos,
-                        "give a finite value; the generated code holds only finite constants")
+        raise SpecError(f"params[{name!r}] = {number} is not a finite number", pos, hint)
     return number
 
 

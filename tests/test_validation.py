@@ -194,6 +194,14 @@ def test_non_finite_params_are_refused_naming_the_parameter(tmp_path, capsys, va
     assert exc.line in (3, 7) and str(exc).startswith(f"{path}:{exc.line}:")
 
 
+@pytest.mark.parametrize("value", [P(10 ** 400, id="1e400"), P(-(10 ** 5000), id="-1e5000")])
+def test_params_of_ints_beyond_float64_are_refused(value):
+    with pytest.raises(SpecError) as info:
+        flexsn_dsl.loads(lif(), params={"tau": value}, backend="torch", filename="t.yaml")
+    assert info.value.message == "params['tau'] is too large for a float64" and info.value.hint
+    assert (info.value.line, info.value.col) == (3, 3) and not isinstance(info.value, TypeError)
+
+
 @pytest.mark.parametrize("params, fragment", [
     ({"tau": True}, "must be a number, not bool True"),
     ({"tau": np.bool_(False)}, "must be a number, not bool"),
