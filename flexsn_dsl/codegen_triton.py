@@ -73,7 +73,7 @@ class FlexSNInfo:
         identifier(self.neuron, keyword_ok=True)
         for names in (self.input_names, self.state_names, self.output_names, self.param_names, self.constants,
                       self.fwd_core_returns, self.fwd_core_recipients, self.fwd_kernel_returns, self.saved_names,
-                      self.bwd_core_args, self.bwd_core_returns, self.output_vars):
+                      self.bwd_core_args, self.bwd_core_returns, self.output_vars, self.zero_grads):
             for name in names:
                 identifier(name)
         for kind, index in self.c2k_return_mapping:

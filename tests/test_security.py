@@ -257,19 +257,33 @@ def test_cache_folder_others_can_write_is_not_used(jail, mode):
     assert planted.read_bytes() == _valid_file(compiled, _planted_body(compiled))  # untouched, never run
 
 
-@pytest.mark.parametrize("case", ["a-file", "under-a-file"])
+UNUSABLE = {"a-file": "is not a folder", "under-a-file": "cannot be created", "unwritable": "is not writable",
+            "another-owner": "is owned by another user"}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSABLE))
 def test_unusable_cache_path_falls_back_to_a_private_folder(jail, monkeypatch, case):
-    index = 240 + ["a-file", "under-a-file"].index(case)
+    index = 240 + sorted(UNUSABLE).index(case)
     (jail / "file").write_text("not a folder")
-    monkeypatch.setenv("FLEXSN_DSL_CACHE", str(jail / "file" if case == "a-file" else jail / "file" / "sub"))
+    if case == "a-file":
+        monkeypatch.setenv("FLEXSN_DSL_CACHE", str(jail / "file"))
+    elif case == "under-a-file":
+        monkeypatch.setenv("FLEXSN_DSL_CACHE", str(jail / "file" / "sub"))
+    elif case == "unwritable":  # what a read-only folder looks like to a user who is not root
+        monkeypatch.setattr(compiler.os, "access", lambda path, mode: False)
+    else:  # every file now belongs to someone else: the folder is refused, and so is every cache file
+        uid = os.getuid()
+        monkeypatch.setattr(compiler.os, "getuid", lambda: uid + 1)
     x = torch.rand(3, 4, dtype=torch.float64) * 2
-    with pytest.warns(UserWarning, match="cache folder") as record:
+    with pytest.warns(UserWarning, match=UNUSABLE[case]) as record:
         spikes = flexsn_dsl.loads(_spec(index), backend="triton").double()(x)
     torch.testing.assert_close(spikes, _reference(x, _threshold(index)))
     assert len([w for w in record if "cache folder" in str(w.message)]) == 1
     folder = cache_dir()
     assert folder != jail / "file" and stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert list(folder.glob("guarded*.py"))
+    compiled = compile_spec(text=_spec(index))
+    cached = read_cached(folder / f"{compiled.module_name}.py", compiled.key)
+    assert cached == (None if case == "another-owner" else compiled.triton_source)  # a file of another user: refused
     assert (jail / "file").read_text() == "not a folder"
 
 
