@@ -53,7 +53,7 @@ def generator_fingerprint(root: Path = Path(__file__).parent) -> str:
 
 
 GENERATOR_VERSION = f"{__version__}+{generator_fingerprint()}"
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a pass may load another spec
 _FALLBACK_DIRS: dict[str, Path] = {}
 
 
