@@ -16,6 +16,7 @@ from .errors import PluginError, SourcePos, SpecError  # noqa: E402
 from .hookspecs import hookimpl, hookspec  # noqa: E402
 from .codegen_triton import FlexSNInfo  # noqa: E402
 from .runtime import FlexSN, load, loads  # noqa: E402
+from .simulation import Simulation, simulate  # noqa: E402
 
 __all__ = ["FlexSN", "FlexSNInfo", "PluginError", "SourcePos", "SpecError", "hookimpl", "hookspec",
-           "load", "loads", "__version__"]
+           "Simulation", "load", "loads", "simulate", "__version__"]

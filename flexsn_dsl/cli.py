@@ -1,4 +1,4 @@
-"""The ``flexsn-dsl`` command: check, build, show, plugins, bench."""
+"""The ``flexsn-dsl`` command: check, build, show, simulate, plugins, bench."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .console import parse_params
-from .errors import SpecError
+from .errors import MissingDependency, SpecError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "info", "module",
@@ -130,16 +130,18 @@ def cmd_build(args) -> int:
             failed += 1
             print(" failed", file=sys.stderr)
             print(exc.format(), file=sys.stderr)
+            rows.append([str(path), "-", "-", "-", "-", "-", "-", "FAILED (error above)", "-"])
             continue
         seconds = time.perf_counter() - start
         print(f" ok ({seconds:.2f} s)", file=sys.stderr)
         info = compiled.cores.info
-        rows.append([info.neuron, ",".join(info.input_names), ",".join(info.state_names),
+        rows.append([str(path), info.neuron, ",".join(info.input_names), ",".join(info.state_names),
                      ",".join(info.output_names), ",".join(info.param_names) or "-",
                      ",".join(n for n in _saved_labels(info)) or "-", str(kernel_path), f"{seconds:.2f}"])
     if rows:
-        print(_table(rows, ["neuron", "inputs", "states", "outputs", "learnable", "saved/step", "kernels", "s"]))
-    print(f"{len(rows)} built, {failed} failed; output in {out}/", file=sys.stderr)
+        print(_table(rows, ["spec", "neuron", "inputs", "states", "outputs", "learnable", "saved/step", "kernels",
+                            "s"]))
+    print(f"{len(specs) + len(problems) - failed} built, {failed} failed; output in {out}/", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -166,7 +168,6 @@ def cmd_show(args) -> int:
         for sym, expr in compiled.ir.assignments:
             print(f"    {sym.name} = {expr}")
         print(f"  outputs: {[n for n, _ in m.outputs]}")
-        print(f"\n{compiled.torch_source}")
     elif what == "torch":
         print(compiled.torch_source)
     elif what == "module":
@@ -183,6 +184,93 @@ def cmd_show(args) -> int:
     else:
         print(kernel_source(compiled.cores, what))
     return 0
+
+
+def _drive(item: str, names: list[str]) -> tuple[str, object]:
+    """``[NAME=]VALUE`` or ``[NAME=]FILE.npy`` -> (input name, number or array)."""
+    import numpy as np
+    name, sep, value = item.partition("=")
+    if not sep or not name.strip().isidentifier():
+        name, value = names[0], item
+    name = name.strip()
+    if name not in names:
+        raise SpecError(f"--input {item!r}: the neuron has no input {name!r}", hint=f"its inputs are {names}")
+    try:
+        return name, float(value)
+    except ValueError:
+        pass
+    if not value.endswith(".npy"):
+        raise SpecError(f"--input {item!r} is not a number or a .npy file",
+                        hint="e.g. --input 1.5, --input x=1.5 or --input drive.npy (shape [T] or [T, N])")
+    try:
+        return name, np.load(value, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--input {item!r}: cannot read {value}: {exc}",
+                        hint="give a .npy file written by numpy.save, of shape [T] or [T, N]") from None
+
+
+def cmd_simulate(args) -> int:
+    """Run a spec on a driving input; print spike counts, rates and final states; plot or write CSV."""
+    from . import simulation as sim_module
+    from .runtime import load
+    module = load(args.spec, params=parse_params(args.param), backend="torch", plugins=args.plugin, passes=args.passes)
+    names = module.spec.inputs
+    try:
+        if args.fi:
+            if args.input:
+                raise ValueError("--fi sweeps constant inputs itself: leave out --input")
+            steps = args.steps or sim_module.DEFAULT_STEPS
+            levels, rates = sim_module.fi_curve(module, sim_module.parse_sweep(args.fi), steps=steps)
+            print(f"{module.spec.name}: f-I curve over {steps} steps from reset states (input {names[0]})")
+            print(_table([[f"{c:g}", f"{r:.4f}"] for c, r in zip(levels.tolist(), rates.tolist())],
+                         [names[0], "rate (spikes/step)"]))
+            if args.csv:
+                with open(args.csv, "w", encoding="utf-8") as f:
+                    f.write(f"{names[0]},rate\n" + "".join(f"{c!r},{r!r}\n" for c, r in zip(levels.tolist(),
+                                                                                       rates.tolist())))
+            if args.plot:
+                sim_module.plot_fi(module.spec.name, levels, rates, args.plot, names[0], steps)
+        else:
+            drives = dict(_drive(item, names) for item in args.input) or {names[0]: 1.0}
+            sim = sim_module.simulate(module, drives, steps=args.steps, neurons=args.neurons)
+            _print_simulation(sim, drives)
+            if args.csv:
+                sim.to_csv(args.csv)
+            if args.plot:
+                sim_module.plot_simulation(sim, args.plot)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    except OSError as exc:
+        raise SpecError(f"cannot write {exc.filename}: {exc.strerror or exc}", hint="give a path that can be written") \
+            from None
+    for what, path in (("rates" if args.fi else "traces", args.csv), ("plot", args.plot)):
+        if path:
+            print(f"{what} written to {path}")
+    return 0
+
+
+def _print_simulation(sim, drives: dict) -> None:
+    described = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} from an array" for k, v in drives.items())
+    print(f"{sim.neuron}: {sim.steps} steps, {sim.neurons} neuron(s), input {described}")
+    if sim.spikes is None:
+        print("no spike output (no output is bound to spike(...))")
+    else:
+        total = int(sim.spike_count.sum())
+        print(f"spikes ({sim.spike_output}): {total}, rate {total / max(sim.steps * sim.neurons, 1):.4f} per step "
+              "and neuron")
+    shown = min(sim.neurons, 10)
+    rows = []
+    for n in range(shown):
+        row = [str(n)]
+        if sim.spikes is not None:
+            row += [f"{int(sim.spike_count[n])}", f"{float(sim.rate[n]):.4f}"]
+        row += [f"{float(v[-1, n]):.6g}" if sim.steps else "-" for v in sim.states.values()]
+        rows.append(row)
+    header = ["neuron"] + (["spikes", "rate"] if sim.spikes is not None else []) + \
+        [f"{name} (final)" for name in sim.states]
+    print(_table(rows, header))
+    if shown < sim.neurons:
+        print(f"... and {sim.neurons - shown} more neurons")
 
 
 def cmd_plugins(args) -> int:
@@ -259,6 +347,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
     p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
                    help="enable a code-generation pass (repeatable)")
+    p = command("simulate", cmd_simulate, "run a neuron on a driving input: spike count, rate, final states; "
+                "plot the traces or an f-I curve")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--input", action="append", default=[], metavar="[NAME=]VALUE|FILE.npy",
+                   help="drive an input (default: the first) with a constant or a .npy array of shape [T] or [T, N]; "
+                   "repeatable; inputs not given are 0 (default: the first input held at 1.0)")
+    p.add_argument("--steps", type=int, metavar="T", help="number of steps (default: 100, or the array's length)")
+    p.add_argument("--neurons", type=int, metavar="N", help="number of neurons (default: 1, or the array's N)")
+    p.add_argument("--fi", metavar="LO:HI:K", help="f-I curve: the firing rate for K constant inputs from LO to HI")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the inputs, each state's trace and the spike raster "
+                   "(with --fi: the f-I curve); needs matplotlib")
+    p.add_argument("--csv", metavar="FILE", help="write the traces (with --fi: input and rate) as CSV")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
+                   help="enable a code-generation pass (repeatable)")
     p = command("plugins", cmd_plugins, "list plugins, surrogates and code-generation passes, with where each "
                 "came from (exit 1 if a plugin is broken)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -278,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except SpecError as exc:
         print(exc.format(), file=sys.stderr)
+        return 1
+    except MissingDependency as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -81,3 +81,7 @@ class PluginError(SpecError):
 class SpecTypeError(SpecError, TypeError):
     """A Python argument of the wrong type (``params=[...]``, ``loads(None)``): a TypeError,
     and a SpecError like every other refusal of the API."""
+
+
+class MissingDependency(ImportError):
+    """An optional package that a feature needs is not installed; the message says how to get it."""

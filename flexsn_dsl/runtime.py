@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .compiler import Compiled, compile_spec
-from .errors import SpecError
+from .errors import MissingDependency, SpecError
 from .source import spec_text
 
 BACKENDS = ("auto", "torch", "triton")
@@ -46,8 +46,9 @@ class FlexSN(nn.Module):
             self.register_parameter(name, nn.Parameter(torch.tensor(compiled.values[name])))
         self.states: dict[str, torch.Tensor] = {}
         self.state_seqs: dict[str, torch.Tensor] = {}
-        self._triton_error: SpecError | None = None
+        self._triton_error: SpecError | MissingDependency | None = None
         self._plugin_files: tuple[str, ...] = ()
+        self._warned_missing = False
         self._prepare()
 
     def _prepare(self) -> None:
@@ -55,8 +56,14 @@ class FlexSN(nn.Module):
         # takes a lock (functools.cached_property), which breaks torch.compile graphs.
         self._compiled.torch_namespace  # noqa: B018 - initial_states() is needed by every backend
         if self.backend != "torch":
-            from .triton_runtime import register
-            register(self._compiled)
+            try:
+                triton_runtime()
+            except MissingDependency as exc:
+                if self.backend == "triton":
+                    raise
+                self._triton_error = exc  # "auto" runs the torch step (and says so for CUDA tensors)
+                return
+            triton_runtime().register(self._compiled)
 
     # -- describing ----------------------------------------------------------
     @property
@@ -66,6 +73,8 @@ class FlexSN(nn.Module):
     @property
     def info(self):
         """The FlexSNInfo of the generated Triton kernels."""
+        if isinstance(self._triton_error, MissingDependency):
+            return self._compiled.cores.info  # the same record, without importing the kernels
         return self._compiled.info
 
     def extra_repr(self) -> str:
@@ -144,6 +153,10 @@ class FlexSN(nn.Module):
                     self._triton_error = exc
                     warnings.warn(f"flexsn-dsl: {self.spec.name}: the Triton backend cannot build this spec, "
                                   f"falling back to torch: {exc}", stacklevel=3)
+            elif isinstance(self._triton_error, MissingDependency) and not self._warned_missing:
+                self._warned_missing = True
+                warnings.warn(f"flexsn-dsl: {self.spec.name}: {self._triton_error}; running the torch step",
+                              stacklevel=3)
             return "torch"
         return "torch"
 
@@ -179,8 +192,7 @@ class FlexSN(nn.Module):
         if backend == "torch":
             outputs, finals, seqs = self._run_torch(inputs, states)
         else:
-            from .triton_runtime import run_triton
-            outputs, finals, seqs = run_triton(self._compiled, inputs, states, self._param_values(),
+            outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, self._param_values(),
                                                self.store_state_seqs)
         self.states = dict(zip(self.spec.states, finals))
         if self.store_state_seqs:
@@ -219,6 +231,19 @@ def _floating(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     return tuple(x if x.dtype == dtype else x.to(dtype) for x in inputs)
+
+
+def triton_runtime():
+    """The Triton launcher module; :class:`MissingDependency` saying how to get Triton where it is not installed."""
+    try:
+        from . import triton_runtime as module
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "triton":
+            raise
+        raise MissingDependency("backend='triton' needs Triton, which is not installed: `pip install triton` "
+                                "(Triton publishes wheels for Linux only; elsewhere use backend='torch', which "
+                                "computes the same function and gradients)") from exc
+    return module
 
 
 def _like(value, like: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NEURONS = ROOT / "neurons"
 SPECS = sorted([*NEURONS.glob("*.yaml"), *NEURONS.glob("*.yml")])
 NAMES = [yaml.safe_load(p.read_text())["neuron"] for p in SPECS]
-SUBCOMMANDS = ("check", "build", "show", "plugins", "bench")
+SUBCOMMANDS = ("check", "build", "show", "simulate", "plugins", "bench")
 
 
 def _env(tmp_path: Path) -> dict:
@@ -109,8 +109,9 @@ def test_build_the_zoo(tmp_path):
     assert proc.returncode == 0, proc.stderr
     no_traceback(proc)
     assert f"{len(SPECS)} built, 0 failed" in proc.stderr
-    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[2:] if line.strip()}
+    rows = {line.split()[1]: line for line in proc.stdout.splitlines()[2:] if line.strip()}
     assert sorted(rows) == sorted(NAMES), proc.stdout  # the summary lists every neuron, once
+    assert all(line.split()[0] == str(p.relative_to(ROOT)) for p, line in zip(SPECS, proc.stdout.splitlines()[2:]))
     for name in NAMES:
         kernels, torch_step, info = out / f"{name}.py", out / f"{name}_torch.py", out / f"{name}.info.json"
         assert str(kernels) in rows[name]
@@ -132,9 +133,12 @@ def test_build_refuses_two_specs_with_one_name_and_a_bad_output_folder(tmp_path,
     for name in ("a.yaml", "b.yaml"):
         (folder / name).write_text((NEURONS / "lif.yaml").read_text())
     assert main(["build", str(folder), "-o", str(tmp_path / "out")]) == 1
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert f"{folder / 'b.yaml'}:1:1: error: neuron 'lif' is also built from {folder / 'a.yaml'}" in err
     assert "1 built, 1 failed" in err
+    table = [line.split() for line in out.splitlines()[2:]]
+    assert table[0][:2] == [str(folder / "a.yaml"), "lif"] and "FAILED" not in out.splitlines()[2]
+    assert table[1][:2] == [str(folder / "b.yaml"), "-"] and "FAILED (error above)" in out.splitlines()[3]
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     assert main(["build", str(NEURONS / "lif.yaml"), "-o", str(blocker)]) == 1
@@ -170,8 +174,8 @@ def test_show_every_kernel_choice(kernel, capsys):
     assert out.strip()
     if kernel == "info":
         assert json.loads(out)["neuron"] == "alif"
-    elif kernel == "model":
-        assert out.startswith("neuron alif (")
+    elif kernel == "model":  # the summary, not the generated source
+        assert out.startswith("neuron alif (") and "  step:\n" in out and "import torch" not in out
     else:
         ast.parse(out)
 

@@ -1,0 +1,215 @@
+"""Running a neuron on a driving input to see what it does: traces, spike counts, f–I curves, plots.
+
+The top floor beside the runtime (the CLI's ``simulate`` command uses it; nothing below imports it).
+Plots need matplotlib (``pip install 'flexsn-dsl[plot]'``).
+"""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence, Union
+
+import numpy as np
+import torch
+
+from .errors import MissingDependency
+from .runtime import FlexSN, load
+from .symbolic import Spike
+
+Drive = Union[float, np.ndarray, torch.Tensor, Sequence[float]]
+DEFAULT_STEPS = 100
+MAX_TRACED = 10  # neurons whose traces a plot draws
+
+
+@dataclass
+class Simulation:
+    """What a neuron did: every input, state and output as a ``[T, N]`` tensor (step t holds the
+    state after step t), and the name of the spike output (None when no output is a spike)."""
+
+    neuron: str
+    inputs: dict[str, torch.Tensor]
+    states: dict[str, torch.Tensor]
+    outputs: dict[str, torch.Tensor]
+    spike_output: str | None
+
+    @property
+    def steps(self) -> int:
+        return next(iter(self.inputs.values())).shape[0]
+
+    @property
+    def neurons(self) -> int:
+        return next(iter(self.inputs.values())).shape[1]
+
+    @property
+    def spikes(self) -> torch.Tensor | None:
+        """The spike output ``[T, N]``, or None."""
+        return self.outputs[self.spike_output] if self.spike_output else None
+
+    @property
+    def spike_count(self) -> torch.Tensor | None:
+        """Spikes per neuron ``[N]``."""
+        return None if self.spikes is None else self.spikes.sum(0)
+
+    @property
+    def rate(self) -> torch.Tensor | None:
+        """Spikes per step, per neuron ``[N]``."""
+        return None if self.spikes is None else self.spikes.sum(0) / max(self.steps, 1)
+
+    def columns(self) -> dict[str, torch.Tensor]:
+        """Every trace by name: inputs, then states, then outputs that are neither."""
+        out = dict(self.inputs)
+        out.update(self.states)
+        out.update({k: v for k, v in self.outputs.items() if k not in out})
+        return out
+
+    def to_csv(self, path: str | os.PathLike) -> None:
+        """One row per step and neuron: ``step, neuron`` then every trace."""
+        columns = self.columns()
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "neuron", *columns])
+            values = [c.detach().cpu().numpy() for c in columns.values()]
+            for t in range(self.steps):
+                for n in range(self.neurons):
+                    writer.writerow([t, n, *(repr(float(v[t, n])) for v in values)])
+
+
+def spike_output(module: FlexSN) -> str | None:
+    """The first output that is bound to ``spike(...)`` in the step, if any."""
+    spikes = {a.symbol for a in module.spec.steps if isinstance(a.expr, Spike)}
+    return next((name for name, symbol in module.spec.outputs if symbol in spikes), None)
+
+
+def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """An input as ``[T, N]`` (a number is held constant; ``[T]`` is given to every neuron)."""
+    tensor = torch.as_tensor(np.asarray(value, dtype=np.float64) if not isinstance(value, torch.Tensor) else value,
+                             dtype=dtype, device="cpu")
+    if tensor.dim() == 0:
+        return tensor.expand(steps if steps is not None else DEFAULT_STEPS, neurons or 1).clone()
+    if tensor.dim() == 1:
+        tensor = tensor[:, None].expand(-1, neurons or 1)
+    if tensor.dim() != 2:
+        raise ValueError(f"input {name!r} has shape {tuple(tensor.shape)}: give a number, [T] or [T, N]")
+    if steps is not None and tensor.shape[0] != steps:
+        raise ValueError(f"input {name!r} has {tensor.shape[0]} steps but steps={steps} was asked for: "
+                         "leave steps out, or give an input of that length")
+    if neurons is not None and tensor.shape[1] != neurons:
+        raise ValueError(f"input {name!r} drives {tensor.shape[1]} neurons but neurons={neurons} was asked for")
+    return tensor.clone()
+
+
+def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive] = 1.0, steps: int | None = None,
+             params: Mapping[str, float] | None = None, neurons: int | None = None, *,
+             dtype: torch.dtype = torch.float64, plugins: Iterable[str] = (), passes: Iterable[str] = ()) -> Simulation:
+    """Run a neuron on a driving input and return its traces.
+
+    ``spec`` is a spec file (run on the torch backend in ``dtype``) or a loaded :class:`FlexSN`
+    (run as it is, from reset states). ``input`` drives the first input, or is a dict
+    ``{input name: drive}`` (inputs left out get 0); a drive is a number (held for ``steps``
+    steps, default 100), or an array of shape ``[T]`` (every neuron) or ``[T, N]``.
+    ``neurons`` is N (default: the drive's N, else 1). ``params`` overrides parameter values.
+    """
+    module = spec if isinstance(spec, FlexSN) else load(spec, params=params, backend="torch", plugins=plugins,
+                                                         passes=passes)
+    if isinstance(spec, FlexSN):
+        if params:
+            raise ValueError("params= applies to spec files: load the module with params= instead")
+        dtype = next((p.dtype for p in module.parameters()), dtype)
+    names = module.spec.inputs
+    drives = dict(input) if isinstance(input, Mapping) else {names[0]: input}
+    for name in drives:
+        if name not in names:
+            raise ValueError(f"{module.spec.name} has no input {name!r}; its inputs are {names}")
+    given = {name: _drive(value, name, steps, neurons, dtype) for name, value in drives.items()}
+    shapes = {tuple(t.shape) for t in given.values()}
+    if len(shapes) > 1:
+        raise ValueError(f"the inputs have different shapes {sorted(shapes)}: give each [T, N] of one shape")
+    shape = shapes.pop()
+    xs = {name: given.get(name, torch.zeros(shape, dtype=dtype)) for name in names}
+    saved = module.step_mode, module.store_state_seqs
+    module.step_mode, module.store_state_seqs = "m", True
+    try:
+        module.reset()
+        with torch.no_grad():
+            result = module(*(xs[name] for name in names))
+        states = {k: v.detach() for k, v in module.state_seqs.items()}
+        module.reset()
+    finally:
+        module.step_mode, module.store_state_seqs = saved
+    results = result if isinstance(result, tuple) else (result,)
+    outputs = {name: value.detach() for (name, _), value in zip(module.spec.outputs, results)}
+    return Simulation(module.spec.name, xs, states, outputs, spike_output(module))
+
+
+def fi_curve(spec: str | os.PathLike | FlexSN, currents: Drive, steps: int = DEFAULT_STEPS,
+             params: Mapping[str, float] | None = None, input_name: str | None = None,
+             **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The firing rate (spikes per step over ``steps`` steps, from reset states) for each constant
+    input in ``currents``, all simulated at once as one neuron each: ``(currents, rates)``."""
+    levels = torch.as_tensor(np.asarray(currents, dtype=np.float64)).reshape(-1)
+    drive = levels[None, :].expand(steps, -1)
+    sim = simulate(spec, {input_name: drive} if input_name else drive, params=params, **kwargs)
+    if sim.rate is None:
+        raise ValueError(f"{sim.neuron} has no spike output (no output is bound to spike(...)): no firing rate")
+    return levels, sim.rate
+
+
+def parse_sweep(text: str) -> np.ndarray:
+    """``LO:HI:K`` -> K evenly spaced values from LO to HI."""
+    parts = text.split(":")
+    try:
+        lo, hi, k = float(parts[0]), float(parts[1]), int(parts[2])
+        if len(parts) != 3 or k < 1:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ValueError(f"{text!r} is not LO:HI:K (K >= 1 values from LO to HI), e.g. 0:2:9") from None
+    return np.linspace(lo, hi, k)
+
+
+def _figure(rows: int):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingDependency("plots need matplotlib, which is not installed: pip install 'flexsn-dsl[plot]' "
+                                "(or pip install matplotlib)") from exc
+    return Figure(figsize=(8, 1.0 + 1.6 * rows), layout="constrained")
+
+
+def plot_simulation(sim: Simulation, path: str | os.PathLike) -> None:
+    """A PNG (or any format matplotlib writes, by suffix) with every input, every state's trace
+    (the first few neurons) and the spike raster."""
+    traces = list(sim.inputs.items()) + list(sim.states.items())
+    rows = len(traces) + (sim.spikes is not None)
+    fig = _figure(rows)
+    axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+    steps = np.arange(sim.steps)
+    shown = min(sim.neurons, MAX_TRACED)
+    for ax, (name, values) in zip(axes, traces):
+        kind = "input" if name in sim.inputs else "state"
+        ax.plot(steps, values[:, :shown].cpu().numpy(), linewidth=1)
+        ax.set_ylabel(f"{name}\n({kind})")
+    if sim.spikes is not None:
+        ax = axes[-1]
+        t, n = np.nonzero(sim.spikes.cpu().numpy() > 0)
+        ax.scatter(t, n, marker="|", s=60, color="black")
+        ax.set_ylim(-0.5, sim.neurons - 0.5)
+        ax.set_ylabel(f"{sim.spike_output}\n(neuron)")
+    axes[-1].set_xlabel("step")
+    more = f" (first {shown} of {sim.neurons} neurons)" if shown < sim.neurons else ""
+    fig.suptitle(f"{sim.neuron}: {sim.steps} steps{more}")
+    fig.savefig(Path(path))
+
+
+def plot_fi(name: str, currents: torch.Tensor, rates: torch.Tensor, path: str | os.PathLike, input_name: str = "x",
+            steps: int | None = None) -> None:
+    """The f–I curve: firing rate (spikes per step) against the constant input."""
+    fig = _figure(2)
+    ax = fig.subplots()
+    ax.plot(currents.cpu().numpy(), rates.cpu().numpy(), marker="o")
+    ax.set_xlabel(f"constant input {input_name}")
+    ax.set_ylabel("firing rate (spikes / step)")
+    ax.set_title(f"{name}: f–I curve" + (f" over {steps} steps" if steps else ""))
+    ax.grid(True, alpha=0.3)
+    fig.savefig(Path(path))
