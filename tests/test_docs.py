@@ -1,0 +1,222 @@
+"""The docs say what the code does.
+
+- Generated blocks (``<!-- BEGIN GENERATED name ... -->`` … ``<!-- END GENERATED name -->``) equal
+  what the code produces now: the surrogate table from the plugin registry, the zoo from
+  ``neurons/*.yaml``, the CLI reference from the argparse parser. Refresh them with
+  ``PYTHONPATH=. python tests/test_docs.py``.
+- Every ```` ```yaml spec ```` block loads; every ```` ```yaml error ```` block fails with exactly
+  the error in the ```` ```text ```` block after it. A block marked ``requires=FEATURE`` is skipped,
+  with the reason, until that feature of the language is present (then it must run).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+GENERATED = re.compile(r"(<!-- BEGIN GENERATED (\w+)[^\n]*-->\n)(.*?)(<!-- END GENERATED \2 -->)", re.S)
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```\n", re.S | re.M)
+
+
+# -- generated blocks ------------------------------------------------------------------------
+def surrogates_block() -> str:
+    """The built-in surrogates as registered (names, defaults, where from), with their formulas."""
+    from flexsn_dsl.builtin_surrogates import CATALOGUE
+    from flexsn_dsl.plugins import get_plugins
+    registered = {s.name: s for s in get_plugins(()).surrogates.values() if s.origin == "flexsn_dsl.builtin_surrogates"}
+    assert set(registered) == set(CATALOGUE)
+    rows = ["| name | parameters (defaults) | g(x) | from |", "|---|---|---|---|"]
+    for name in sorted(registered):
+        s = registered[name]
+        params = ", ".join(f"{k}={v:g}" for k, v in s.params.items()) or "none"
+        rows.append(f"| `{name}` | {params} | `{CATALOGUE[name][0]}` | {s.description} |")
+    return "\n".join(rows) + "\n"
+
+
+def _zoo() -> list[tuple[Path, dict]]:
+    return [(p, yaml.safe_load(p.read_text())) for p in sorted((ROOT / "neurons").glob("*.y*ml"))]
+
+
+def zoo_block() -> str:
+    """A table of the bundled neurons, then each one's description (its source)."""
+    rows = ["| neuron | file | inputs | states | learnable | surrogate |", "|---|---|---|---|---|---|"]
+    details = []
+    for path, spec in _zoo():
+        params = spec.get("parameters") or {}
+        learnable = [k for k, v in params.items() if isinstance(v, dict) and v.get("learnable")]
+        surrogate = spec.get("surrogate", "sigmoid")
+        if isinstance(surrogate, dict):
+            args = ", ".join(f"{k}={v:g}" for k, v in surrogate.items() if k != "name")
+            surrogate = f"{surrogate['name']}({args})"
+        name = spec["neuron"]
+        rows.append(f"| [`{name}`](#{name}) | [`neurons/{path.name}`](../neurons/{path.name}) | "
+                    f"{', '.join(spec.get('inputs', ['x']))} | {', '.join(spec['states'])} | "
+                    f"{', '.join(learnable) or '-'} | {surrogate} |")
+        details.append(f"### {name}\n\n{' '.join(spec.get('description', '').split())}\n")
+    return "\n".join(rows) + "\n\n" + "\n".join(details)
+
+
+def cli_block() -> str:
+    """Every command's --help, as argparse prints it at 100 columns."""
+    from flexsn_dsl.cli import _parser
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        parser = _parser()
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        parts = [f"```text\n{parser.format_help()}```\n"]
+        for name, p in sub.choices.items():
+            parts.append(f"### `flexsn-dsl {name}`\n\n```text\n{p.format_help()}```\n")
+    finally:
+        if old is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = old
+    return "\n".join(parts)
+
+
+BLOCKS = {"surrogates": surrogates_block, "zoo": zoo_block, "cli": cli_block}
+
+
+def _blocks_in(text: str) -> dict[str, str]:
+    return {m.group(2): m.group(3) for m in GENERATED.finditer(text)}
+
+
+def refresh() -> list[Path]:
+    """Rewrite every generated block in docs/; returns the files that changed."""
+    changed = []
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text()
+        new = GENERATED.sub(lambda m: m.group(1) + BLOCKS[m.group(2)]() + m.group(4), text)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_generated_blocks_are_up_to_date(name):
+    found = [(path, block) for path in sorted(DOCS.glob("*.md")) for n, block in _blocks_in(path.read_text()).items()
+             if n == name]
+    assert found, f"no generated block {name!r} in docs/"
+    wanted = BLOCKS[name]()
+    for path, block in found:
+        assert block == wanted, f"{path.name}: block {name!r} is stale: run PYTHONPATH=. python tests/test_docs.py"
+
+
+def test_the_function_table_lists_every_function_of_the_language():
+    from flexsn_dsl.expressions import DSL_FUNCTIONS
+    text = (DOCS / "language.md").read_text()
+    table = text[text.index("<!-- functions:"):text.index("\n\n", text.index("<!-- functions:"))]
+    documented = set(re.findall(r"`(\w+)\(", "\n".join(line.split("|")[1] for line in table.splitlines()[3:])))
+    assert documented == set(DSL_FUNCTIONS)
+
+
+# -- examples ------------------------------------------------------------------------------------
+def _feature_present(feature: str) -> bool:
+    import flexsn_dsl
+    from flexsn_dsl import model
+    if feature in ("equations", "recurrent"):
+        return feature in model.TOP_LEVEL_KEYS
+    if feature == "shape":
+        return "sizes" in inspect.signature(flexsn_dsl.load).parameters
+    raise ValueError(f"unknown feature {feature!r} in a docs example")
+
+
+ISSUES = {"equations": "continuous time, issue 10", "shape": "shaped parameters, issue 11",
+          "recurrent": "recurrent inputs, issue 16"}
+
+
+def _examples():
+    """(id, kind, options, yaml text, expected error text or None) for every marked block."""
+    out = []
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text()
+        fences = list(FENCE.finditer(text))
+        for i, m in enumerate(fences):
+            info = m.group(1).split()
+            if len(info) < 2 or info[0] != "yaml" or info[1] not in ("spec", "error"):
+                continue
+            options = dict(o.split("=", 1) for o in info[2:])
+            expected = None
+            if info[1] == "error" and i + 1 < len(fences) and fences[i + 1].group(1).strip() == "text" \
+                    and text[m.end():fences[i + 1].start()].strip() == "":
+                expected = fences[i + 1].group(2)
+            line = text[:m.start()].count("\n") + 1
+            out.append(pytest.param(info[1], options, m.group(2), expected, id=f"{path.name}:{line}"))
+    return out
+
+
+def _load(text: str, options: dict):
+    import flexsn_dsl
+    kwargs = {}
+    if "sizes" in options:
+        kwargs["sizes"] = {k: int(v) for k, v in (item.split(":") for item in options["sizes"].split(","))}
+    return flexsn_dsl.loads(text, filename="spec.yaml", backend="torch", **kwargs)
+
+
+@pytest.mark.parametrize("kind, options, text, expected", _examples())
+def test_doc_examples(kind, options, text, expected):
+    import flexsn_dsl
+    feature = options.get("requires")
+    if feature and not _feature_present(feature):
+        pytest.skip(f"needs `{feature}` ({ISSUES[feature]}), which is not in this version yet")
+    if kind == "spec":
+        m = _load(text, options)
+        assert m.spec.name == yaml.safe_load(text)["neuron"]
+        return
+    with pytest.raises(flexsn_dsl.SpecError) as info:
+        _load(text, options)
+    got = info.value.format()
+    assert got.startswith("spec.yaml:") and info.value.line is not None, got
+    if expected is not None:
+        assert got == expected.rstrip("\n"), got
+    else:
+        assert feature, "an error example without the expected text must be one for a newer feature"
+
+
+def test_every_error_example_states_its_error():
+    kinds = [p.values for p in _examples()]
+    errors = [v for v in kinds if v[0] == "error"]
+    assert len(errors) >= 25
+    assert all(expected is not None for _, options, _, expected in errors if "requires" not in options)
+
+
+def test_the_error_format_in_the_docs_is_what_check_prints(tmp_path, monkeypatch, capsys):
+    """The catalogue shows what `flexsn-dsl check` prints: the same text as SpecError.format()."""
+    from flexsn_dsl.cli import main
+    (tmp_path / "spec.yaml").write_text("neuron: lif\nstates: {v: 0.0}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "spec.yaml"]) == 1
+    err = capsys.readouterr().err
+    text = (DOCS / "language.md").read_text()
+    assert err.strip() in text
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    commands = [line for line in readme.splitlines() if line.startswith("python -m venv") and "pytest" in line]
+    assert len(commands) == 1
+    assert commands[0] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_readme_links_resolve():
+    for path in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    with contextlib.redirect_stderr(io.StringIO()):
+        changed = refresh()
+    print("\n".join(f"updated {p.relative_to(ROOT)}" for p in changed) or "docs/ generated blocks are up to date")
