@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import os
 import re
@@ -127,8 +126,13 @@ def _feature_present(feature: str) -> bool:
     from flexsn_dsl import model
     if feature in ("equations", "recurrent"):
         return feature in model.TOP_LEVEL_KEYS
-    if feature == "shape":
-        return "sizes" in inspect.signature(flexsn_dsl.load).parameters
+    if feature == "shape":  # a parameter key: probe it (``sizes=`` alone may come with other features)
+        probe = "neuron: p\nparameters: {a: {value: 1.0, shape: [2]}}\nstates: {v: 0.0}\nstep: {s: spike(v + x - a)}\n"
+        try:
+            flexsn_dsl.loads(probe, backend="torch")
+        except flexsn_dsl.SpecError as exc:
+            return "unknown key 'shape'" not in exc.message
+        return True
     raise ValueError(f"unknown feature {feature!r} in a docs example")
 
 
