@@ -65,7 +65,7 @@ import torch, flexsn_dsl
 try:
     flexsn_dsl.load("neurons/lif.yaml", backend="triton")
 except ImportError as exc:
-    print("ERROR", type(exc).__name__, exc)
+    print("ERROR", type(exc).__name__, isinstance(exc, flexsn_dsl.MissingDependency), exc)
 x = torch.rand(6, 4, generator=torch.Generator().manual_seed(0)) * 3
 with warnings.catch_warnings():
     warnings.simplefilter("error")  # CPU tensors: "auto" takes torch without a word
@@ -81,6 +81,6 @@ def test_without_triton_backend_triton_says_how_to_get_it_and_torch_works(tmp_pa
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     error = next(line for line in proc.stdout.splitlines() if line.startswith("ERROR"))
-    assert "MissingDependency" in error and "pip install triton" in error and "backend='torch'" in error
+    assert "MissingDependency True" in error and "pip install triton" in error and "backend='torch'" in error
     same = next(line for line in proc.stdout.splitlines() if line.startswith("SAME")).split()
     assert same[1] == "True" and int(same[2]) > 0 and same[3] == "lif"
