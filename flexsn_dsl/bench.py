@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .console import UsageError, parse_params
+
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
 PEERS = ("torch", "compile", "spikingjelly")
@@ -224,14 +226,15 @@ def _sj_runner(node, xs, mode):
     return run
 
 
-def _first_call(spec: str, T: int, n: int, dtype: str, device: str, cache: str) -> float:
+def _first_call(spec: str, params: dict[str, float], plugins: list[str], T: int, n: int, dtype: str, device: str,
+                cache: str) -> float:
     """Seconds from load() to the end of one inference and one training call, in a fresh process."""
     code = f"""
 import time, torch, flexsn_dsl
 x = torch.rand({T}, {n}, device={device!r}, dtype=torch.{dtype}, requires_grad=True)
 torch.cuda.synchronize() if x.is_cuda else None
 start = time.perf_counter()
-m = flexsn_dsl.load({spec!r}, backend="triton")
+m = flexsn_dsl.load({spec!r}, params={params!r}, plugins={list(plugins)!r}, backend="triton")
 with torch.no_grad():
     m(*[x] * len(m.spec.inputs))
 m.reset()
@@ -251,11 +254,9 @@ print(time.perf_counter() - start)
 def run_bench(args) -> list[Result]:
     import torch
 
-    from .console import parse_params
     from .runtime import load
 
-    device = torch.device("cuda" if (args.device == "auto" and torch.cuda.is_available()) else
-                          (args.device if args.device != "auto" else "cpu"))
+    device = _device(args.device)
     neurons = args.neurons or [4 * 1024 * 1024 if device.type == "cuda" else 4096]
     timer, graph_timer = _timer(device), _graph_timer(device)
     bandwidth = copy_bandwidth(device)
@@ -264,8 +265,8 @@ def run_bench(args) -> list[Result]:
     results: list[Result] = []
     params = parse_params(args.param)
     for spec in args.specs:
-        ours = load(spec, params=params, backend="triton").to(device)
-        reference = load(spec, params=params, backend="torch").to(device)
+        ours = load(spec, params=params, plugins=args.plugin, backend="triton").to(device)
+        reference = load(spec, params=params, plugins=args.plugin, backend="torch").to(device)
         info = ours.info
         name = ours.spec.name
         for dtype_name in args.dtype:
@@ -325,8 +326,8 @@ def run_bench(args) -> list[Result]:
                             _print_row(r)
                     if args.first_call and device.type == "cuda" and dtype_name == args.dtype[0]:
                         with tempfile.TemporaryDirectory() as cache:
-                            cold = _first_call(spec, T, n, dtype_name, "cuda", cache)
-                            warm = _first_call(spec, T, n, dtype_name, "cuda", cache)
+                            cold = _first_call(spec, params, args.plugin, T, n, dtype_name, str(device), cache)
+                            warm = _first_call(spec, params, args.plugin, T, n, dtype_name, str(device), cache)
                         r = Result(name, "flexsn-dsl first call", "inference+training", dtype_name, T, n,
                                    note=f"cold {cold:.2f} s, cached {warm:.2f} s",
                                    extra={"cold_s": cold, "cached_s": warm})
@@ -347,13 +348,66 @@ def _print_row(r: Result) -> None:
           f"floor {floor} ms {ratio}  peak {peak} MiB  diff {diff}{host}  {r.note}", flush=True)
 
 
+def _device(name: str):
+    """The torch device ``--device`` names (auto: cuda where there is a GPU); a UsageError otherwise."""
+    import torch
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {name!r} is not cuda, cuda:N, cpu or auto")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise UsageError(f"--device {name!r}: no CUDA GPU is available here; give --device cpu or auto")
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"--device {name!r}: there are {count} GPU(s), cuda:0 to cuda:{count - 1}")
+    return device
+
+
+def _earlier_runs(path: Path) -> list:
+    """The runs a ``--json`` file holds already (none when it does not exist); a UsageError when it
+    is not a JSON list that an earlier bench wrote."""
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise UsageError(f"--json {str(path)!r}: the folder {str(path.parent)!r} does not exist")
+        return []
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
+                  f"invalid JSON at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError)
+                  else "not UTF-8" if isinstance(exc, UnicodeDecodeError) else type(exc).__name__)
+        raise UsageError(f"--json {str(path)!r} is not a JSON file bench can append to ({reason}): give a new "
+                         "file or one an earlier bench wrote") from None
+    if not isinstance(runs, list):
+        raise UsageError(f"--json {str(path)!r} holds a JSON {'object' if isinstance(runs, dict) else 'value'}, not the list of runs bench "
+                         "writes: give a new file or one an earlier bench wrote")
+    return runs
+
+
+def check_arguments(args) -> list:
+    """Refuse bad options before any work (UsageError); returns the runs already in ``--json``."""
+    for option, values in (("-T/--steps", args.steps), ("-n/--neurons", args.neurons or [])):
+        for value in values:
+            if value < 1:
+                raise UsageError(f"{option} {value}: give whole numbers of at least 1")
+    if args.compile_max_T < 0:
+        raise UsageError(f"--compile-max-T {args.compile_max_T}: give a whole number of at least 0")
+    _device(args.device)
+    return _earlier_runs(Path(args.json)) if args.json else []
+
+
 def main(args) -> int:
     import torch
     import triton
+    existing = check_arguments(args)
     results = run_bench(args)
     if args.json:
         path = Path(args.json)
-        existing = json.loads(path.read_text()) if path.exists() else []
         existing.append({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .console import parse_params
+from .console import UsageError, escaped_output, parse_params
 from .errors import MissingDependency, SpecError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -372,19 +372,33 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; control characters in what it prints are escaped."""
+    with escaped_output():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
     except SpecError as exc:
         print(exc.format(), file=sys.stderr)
         return 1
     except MissingDependency as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except UsageError as exc:
+        print(f"flexsn-dsl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader left (`flexsn-dsl plugins | head`): stop quietly
+        _silence_stdout()
+        return 141  # as a shell reports a process that SIGPIPE ended
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -394,3 +408,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"internal error: {type(exc).__name__}: {exc}\n  hint: set FLEXSN_DSL_DEBUG=1 for the traceback "
               "and report it", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail on the closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test capturing the output)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

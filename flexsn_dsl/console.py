@@ -1,9 +1,51 @@
-"""What the command-line tools (cli.py, bench.py) share: ``--param`` parsing."""
+"""What the command-line tools (cli.py, bench.py) share: ``--param`` parsing, usage errors, and
+output with terminal control characters escaped."""
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import re
+import sys
+from typing import Iterator, Sequence, TextIO
 
 from .errors import SpecError
+
+# C0 controls but tab and newline, DEL, C1 controls (CSI is \x9b), and the bidirectional
+# overrides and isolates that reorder what a terminal shows
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+class UsageError(Exception):
+    """A bad command-line option: one line on stderr, exit status 2 (as argparse's own errors)."""
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character but newline and tab written as a visible escape
+    (``\\x1b``, ``\\u202e``): text from specs, file names and plugins cannot drive the terminal."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
+class _Escaping:
+    """A text stream that escapes control characters in everything written to it."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(escape_controls(text))
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def escaped_output() -> Iterator[None]:
+    """While active, what is written to sys.stdout and sys.stderr has its control characters escaped."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Escaping(sys.stdout), _Escaping(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def parse_params(items: Sequence[str]) -> dict[str, float]:

@@ -237,3 +237,123 @@ def test_no_command_prints_usage(capsys):
         main(["show", str(NEURONS / "lif.yaml"), "--kernel", "nope"])
     assert info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# bench options
+# --------------------------------------------------------------------------
+def _bench_errors(tmp_path: Path) -> list[tuple[list[str], str]]:
+    (tmp_path / "text.json").write_text("not json\n")
+    (tmp_path / "object.json").write_text('{"runs": []}\n')
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe[]")
+    return [
+        (["--device", "foo"], "--device 'foo' is not cuda, cuda:N, cpu or auto"),
+        (["--device", "meta"], "--device 'meta' is not cuda, cuda:N, cpu or auto"),
+        (["--device", ""], "--device '' is not cuda"),
+        (["--device", "cuda:999"], "--device 'cuda:999': "),
+        (["-n", "-5"], "-n/--neurons -5: give whole numbers of at least 1"),
+        (["-n", "64", "0"], "-n/--neurons 0: give whole numbers of at least 1"),
+        (["-T", "0"], "-T/--steps 0: give whole numbers of at least 1"),
+        (["-T", "4", "-2"], "-T/--steps -2: give whole numbers of at least 1"),
+        (["--compile-max-T", "-1"], "--compile-max-T -1: give a whole number of at least 0"),
+        (["--json", str(tmp_path / "text.json")], "(invalid JSON at line 1, column 1)"),
+        (["--json", str(tmp_path / "binary.json")], "(not UTF-8)"),
+        (["--json", str(tmp_path / "object.json")], "holds a JSON object, not the list of runs bench writes"),
+        (["--json", str(tmp_path)], "is not a JSON file bench can append to"),
+        (["--json", str(tmp_path / "missing" / "out.json")], "does not exist"),
+    ]
+
+
+def test_bench_refuses_bad_options_in_one_line_before_any_work(tmp_path, capsys):
+    for options, message in _bench_errors(tmp_path):
+        assert main(["bench", str(NEURONS / "lif.yaml"), *options]) == 2, options
+        out, err = capsys.readouterr()
+        assert out == "", options  # nothing was timed
+        assert err.count("\n") == 1 and err.startswith("flexsn-dsl bench: error: ") and message in err, err
+    assert (tmp_path / "text.json").read_text() == "not json\n"  # a file bench cannot read is left alone
+
+
+def test_bench_refuses_a_bad_option_as_a_process(tmp_path):
+    proc = run(tmp_path, "bench", "neurons/lif.yaml", "-n", "-5")
+    assert proc.returncode == 2 and proc.stdout == ""
+    no_traceback(proc)
+    assert proc.stderr == "flexsn-dsl bench: error: -n/--neurons -5: give whole numbers of at least 1\n"
+
+
+def test_bench_honours_plugins_and_params(tmp_path, capsys):
+    plugin = tmp_path / "tri.py"
+    plugin.write_text("import flexsn_dsl\n\n\n@flexsn_dsl.hookimpl\ndef flexsn_dsl_register_surrogates(registry):\n"
+                      "    registry.register('bench_tri', gradient='alpha * Max(0, 1 - alpha * Abs(x))', "
+                      "params={'alpha': 1.0})\n")
+    spec = tmp_path / "tri.yaml"
+    spec.write_text((NEURONS / "lif.yaml").read_text().replace("{name: sigmoid, alpha: 4.0}", "bench_tri"))
+    options = ["bench", str(spec), "-T", "2", "-n", "16", "--peers", "torch", "--mode", "inference"]
+    assert main(options) == 1  # the spec needs the plugin
+    assert "bench_tri" in capsys.readouterr().err
+    assert main([*options, "--plugin", str(plugin), "--param", "nope=1"]) == 1  # --param reaches the spec
+    assert "'nope', which is not a parameter of 'lif'" in capsys.readouterr().err
+    out = tmp_path / "runs.json"
+    assert main([*options, "--plugin", str(plugin), "--param", "tau=3", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())[-1]["results"]
+    assert {r["impl"] for r in rows} == {"flexsn-dsl", "torch loop"}
+    assert all(r["max_abs_diff"] == 0.0 for r in rows)
+
+
+# --------------------------------------------------------------------------
+# what the CLI echoes: terminal controls escaped; a closed pipe ends it quietly
+# --------------------------------------------------------------------------
+CONTROLS = ["\x1b[31m", "\x1b]0;title\x07", "\x9b2J", "\x07", "\r", "\x08", "\x00", "\x7f", "\x85", "\u202e",
+            "\u2066"]
+
+
+def test_escape_controls_escapes_every_control_but_newline_and_tab():
+    from flexsn_dsl.console import escape_controls
+    assert escape_controls("a\tb\nc é 中 ✓") == "a\tb\nc é 中 ✓"
+    assert escape_controls("\x1b[31mred\x9b2J\r\x7f\u202e") == "\\x1b[31mred\\x9b2J\\x0d\\x7f\\u202e"
+    for code in [*range(0x20), *range(0x7f, 0xa0)]:
+        if chr(code) not in "\n\t":
+            assert escape_controls(f"<{chr(code)}>") == f"<\\x{code:02x}>"
+
+
+def _raw_controls(text: str) -> list[str]:
+    return [c for c in CONTROLS if c in text]
+
+
+@pytest.mark.parametrize("control", CONTROLS, ids=ascii)
+def test_the_cli_escapes_controls_in_descriptions_file_names_and_plugins(control, tmp_path, capsys):
+    description = json.dumps(f"before {control} after")  # JSON strings are YAML double-quoted strings
+    folder = tmp_path / f"dir{control}" if "\x00" not in control else tmp_path / "dir"
+    folder.mkdir()
+    good = folder / f"good{control.replace(chr(0), '')}.yaml"
+    good.write_text(f"neuron: ctl\ndescription: {description}\nstates: {{v: 0}}\nstep:\n  s: spike(v + x - 1)\n")
+    bad = folder / "bad.yaml"  # the control in a comment: the YAML reader refuses most, and the error shows the line
+    bad.write_text(f"neuron: n\nstates: {{v: 0}}\nstep:\n  s: spike(vv) # {control.replace(chr(0), '')}\n")
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("import flexsn_dsl\n\n\n@flexsn_dsl.hookimpl\ndef flexsn_dsl_register_surrogates(registry):\n"
+                      f"    registry.register('ctl', gradient='1 + 0*x', params={{}}, description={description})\n")
+    codes = [main(["check", str(folder)]), main(["show", str(good)]), main(["plugins", "--plugin", str(plugin)]),
+             main(["check", str(folder / f"missing{control.replace(chr(0), '')}.yaml")])]
+    out, err = capsys.readouterr()
+    assert codes == [1, 0, 0, 1], (codes, err)
+    assert not _raw_controls(out + err), ascii(out + err)
+    from flexsn_dsl.console import escape_controls
+    shown = escape_controls(control)
+    assert f"before {shown} after" in out  # the description, in show and in plugins
+    assert out.count(f"before {shown} after") == 2
+    if control != "\x00":
+        assert f"good{shown}.yaml" in out  # check's ok line
+        assert f"missing{shown}.yaml does not exist" in err
+    assert "bad.yaml:4:" in err
+
+
+@pytest.mark.parametrize("command", [["plugins"], ["check", "neurons/"], ["show", "neurons/lif.yaml", "--kernel", "module"]])
+def test_a_closed_pipe_ends_the_cli_quietly(command, tmp_path):
+    """As `flexsn-dsl plugins | head` when head has already left: no error, no traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flexsn_dsl", *command], cwd=ROOT, env=_env(tmp_path),
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert proc.stderr == "" and proc.returncode == 141, proc.stderr
