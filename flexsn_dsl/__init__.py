@@ -12,11 +12,11 @@ if "TRITON_INTERPRET" not in _os.environ:
         _os.environ["TRITON_INTERPRET"] = "1"
 
 from .version import __version__  # noqa: E402
-from .errors import MissingDependency, PluginError, SourcePos, SpecError  # noqa: E402
+from .errors import MissingDependency, PluginError, ShapeError, SourcePos, SpecError  # noqa: E402
 from .hookspecs import hookimpl, hookspec  # noqa: E402
 from .codegen_triton import FlexSNInfo  # noqa: E402
 from .runtime import FlexSN, load, loads  # noqa: E402
 from .simulation import Simulation, simulate  # noqa: E402
 
-__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PluginError", "Simulation", "SourcePos", "SpecError",
-           "hookimpl", "hookspec", "load", "loads", "simulate", "__version__"]
+__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PluginError", "ShapeError", "Simulation", "SourcePos",
+           "SpecError", "hookimpl", "hookspec", "load", "loads", "simulate", "__version__"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .console import UsageError, parse_params
+from .console import UsageError, parse_params, parse_sizes
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
@@ -48,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
     parser.add_argument("--json", metavar="FILE", help="append the results to this JSON file")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    parser.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                        help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
+    parser.add_argument("--shape", type=int, nargs="+", default=None, metavar="D",
+                        help="the shape of one step of the input (e.g. 32 128 32 32), instead of -n neurons: "
+                             "needed by a spec whose parameters have a shape")
 
 
 @dataclass
@@ -226,15 +232,15 @@ def _sj_runner(node, xs, mode):
     return run
 
 
-def _first_call(spec: str, params: dict[str, float], plugins: list[str], T: int, n: int, dtype: str, device: str,
-                cache: str) -> float:
+def _first_call(spec: str, params: dict[str, float], plugins: list[str], T: int, shape: tuple[int, ...], dtype: str,
+                device: str, cache: str, sizes: dict[str, int]) -> float:
     """Seconds from load() to the end of one inference and one training call, in a fresh process."""
     code = f"""
 import time, torch, flexsn_dsl
-x = torch.rand({T}, {n}, device={device!r}, dtype=torch.{dtype}, requires_grad=True)
+x = torch.rand({T}, *{tuple(shape)!r}, device={device!r}, dtype=torch.{dtype}, requires_grad=True)
 torch.cuda.synchronize() if x.is_cuda else None
 start = time.perf_counter()
-m = flexsn_dsl.load({spec!r}, params={params!r}, plugins={list(plugins)!r}, backend="triton")
+m = flexsn_dsl.load({spec!r}, params={params!r}, plugins={list(plugins)!r}, sizes={sizes!r}, backend="triton")
 with torch.no_grad():
     m(*[x] * len(m.spec.inputs))
 m.reset()
@@ -257,24 +263,26 @@ def run_bench(args) -> list[Result]:
     from .runtime import load
 
     device = _device(args.device)
-    neurons = args.neurons or [4 * 1024 * 1024 if device.type == "cuda" else 4096]
+    shapes = [tuple(args.shape)] if args.shape else \
+        [(n,) for n in (args.neurons or [4 * 1024 * 1024 if device.type == "cuda" else 4096])]
     timer, graph_timer = _timer(device), _graph_timer(device)
     bandwidth = copy_bandwidth(device)
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}; "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s", file=sys.stderr)
     results: list[Result] = []
-    params = parse_params(args.param)
+    params, sizes = parse_params(args.param), parse_sizes(args.size)
     for spec in args.specs:
-        ours = load(spec, params=params, plugins=args.plugin, backend="triton").to(device)
-        reference = load(spec, params=params, plugins=args.plugin, backend="torch").to(device)
+        ours = load(spec, params=params, sizes=sizes, plugins=args.plugin, backend="triton").to(device)
+        reference = load(spec, params=params, sizes=sizes, plugins=args.plugin, backend="torch").to(device)
         info = ours.info
         name = ours.spec.name
         for dtype_name in args.dtype:
             dtype = getattr(torch, dtype_name)
             for T in args.steps:
-                for n in neurons:
+                for shape in shapes:
+                    n = math.prod(shape)
                     gen = torch.Generator(device=device).manual_seed(0)
-                    xs = [(torch.rand(T, n, device=device, generator=gen) * 1.5).to(dtype).requires_grad_()
+                    xs = [(torch.rand(T, *shape, device=device, generator=gen) * 1.5).to(dtype).requires_grad_()
                           for _ in info.input_names]
                     for mode in args.mode:
                         floor_ms = floor_bytes(info, T, n, xs[0].element_size(), mode) / bandwidth * 1e3
@@ -326,8 +334,10 @@ def run_bench(args) -> list[Result]:
                             _print_row(r)
                     if args.first_call and device.type == "cuda" and dtype_name == args.dtype[0]:
                         with tempfile.TemporaryDirectory() as cache:
-                            cold = _first_call(spec, params, args.plugin, T, n, dtype_name, str(device), cache)
-                            warm = _first_call(spec, params, args.plugin, T, n, dtype_name, str(device), cache)
+                            cold = _first_call(spec, params, args.plugin, T, shape, dtype_name, str(device), cache,
+                                               sizes)
+                            warm = _first_call(spec, params, args.plugin, T, shape, dtype_name, str(device), cache,
+                                               sizes)
                         r = Result(name, "flexsn-dsl first call", "inference+training", dtype_name, T, n,
                                    note=f"cold {cold:.2f} s, cached {warm:.2f} s",
                                    extra={"cold_s": cold, "cached_s": warm})

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .console import UsageError, escaped_output, parse_params
+from .console import UsageError, escaped_output, parse_params, parse_sizes
 from .errors import MissingDependency, SpecError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -56,9 +56,13 @@ def _missing_hint(path: Path) -> str:
 
 
 def _compile(path: Path, args):
+    """Compile a spec with the command's --param, --plugin and --pass; check its --size names."""
     from .compiler import compile_spec
-    return compile_spec(path, params=parse_params(args.param), plugins=args.plugin,
-                        passes=getattr(args, "passes", []))
+    from .ir import resolve_shapes
+    compiled = compile_spec(path, params=parse_params(args.param), plugins=args.plugin,
+                            passes=getattr(args, "passes", []))
+    resolve_shapes(compiled.model, parse_sizes(args.size), {}, require=False)
+    return compiled
 
 
 def _warn_plugins(args) -> None:
@@ -152,6 +156,7 @@ def _saved_labels(info) -> list[str]:
 
 def cmd_show(args) -> int:
     from .names import core_name
+    from .ir import resolve_shapes
     from .templates import kernel_source
     compiled = _compile(Path(args.spec), args)
     what = args.kernel
@@ -159,8 +164,10 @@ def cmd_show(args) -> int:
         m = compiled.model
         print(f"neuron {m.name} ({m.file})\n  {m.description}")
         print(f"  inputs: {m.inputs}")
+        shapes = resolve_shapes(m, parse_sizes(args.size), {}, require=False)
         for p in m.parameters.values():
-            print(f"  parameter {p.name} = {compiled.values[p.name]!r}{' (learnable)' if p.learnable else ''}")
+            shape = f", shape {list(shapes[p.name])}" if p.shaped else ""
+            print(f"  parameter {p.name} = {compiled.values[p.name]!r}{shape}{' (learnable)' if p.learnable else ''}")
         for s in m.states.values():
             print(f"  state {s.name}: init {s.init}")
         print(f"  surrogate: {m.surrogate.name} {m.surrogate_params}  g(x) = {compiled.ir.surrogate}")
@@ -333,18 +340,24 @@ def _parser() -> argparse.ArgumentParser:
     p = command("check", cmd_check, "validate spec files or folders of specs")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    p.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                   help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
     p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
                    help="enable a code-generation pass for every spec and check that its IR stage runs (repeatable)")
     p = command("build", cmd_build, "validate specs and write their Triton kernels, torch step and FlexSNInfo")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-o", "--out", default="build", help="output folder (default: build)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    p.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                   help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
     p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
                    help="enable a code-generation pass for every spec (repeatable)")
     p = command("show", cmd_show, "print a spec's parsed model or one piece of its generated code")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--kernel", choices=KERNEL_CHOICES, default="model", help="what to print (default: model)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    p.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                   help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
     p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
                    help="enable a code-generation pass (repeatable)")
     p = command("simulate", cmd_simulate, "run a neuron on a driving input: spike count, rate, final states; "

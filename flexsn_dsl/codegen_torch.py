@@ -29,8 +29,9 @@ def _surrogate_lines(p: Printer, g: sympy.Expr) -> list[str]:
 def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
     """Python source defining ``step(...)`` and ``initial_states(...)`` with torch ops."""
     p = Printer(TORCH)
+    # learnable and shaped parameters: runtime values
     inputs, states, params = ([identifier(n) for n in names] for names in (ir.input_names, ir.state_names,
-                                                                          ir.param_names))
+                                                                          ir.param_names + ir.fixed_names))
     output_names = [identifier(n) for n in ir.output_names]
     args = ", ".join(inputs + states)
     kwargs = (", *, " + ", ".join(params)) if params else ""
@@ -67,7 +68,7 @@ def step({args}{kwargs}):
 
 
 def initial_states({init_kwargs}):
-    """Initial value of each state {states} (numbers or 0-dim tensors)."""
+    """Initial value of each state {states} (numbers, or tensors where a runtime parameter is used)."""
     return ({inits})
 '''
 

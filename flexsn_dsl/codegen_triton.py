@@ -39,7 +39,7 @@ class FlexSNInfo:
     input_names: tuple[str, ...]
     state_names: tuple[str, ...]
     output_names: tuple[str, ...]
-    param_names: tuple[str, ...]                 # learnable parameters, in kernel argument order
+    param_names: tuple[str, ...]                 # learnable parameters (gradients), in core argument order
     constants: dict[str, float]                  # parameters baked into the code
     fwd_core_returns: tuple[str, ...]
     fwd_core_recipients: tuple[str, ...]
@@ -51,6 +51,8 @@ class FlexSNInfo:
     output_vars: tuple[str, ...] = field(default=())  # kernel variable holding each output
     initial_values: tuple[float, ...] = ()            # constant initial states, or () when not all are
     zero_grads: tuple[str, ...] = ()                  # inputs and learnable parameters with no gradient
+    fixed_names: tuple[str, ...] = ()    # non-learnable runtime parameters (shaped), core arguments after param_names
+    shaped_names: tuple[str, ...] = ()   # the runtime parameters with a shape, each read per element from its tensor
 
     @property
     def num_inputs(self) -> int:
@@ -65,15 +67,22 @@ class FlexSNInfo:
         return len(self.output_names)
 
     @property
+    def scalar_params(self) -> tuple[str, ...]:
+        """The learnable scalar parameters, packed in one vector ``_params`` in this order."""
+        return tuple(n for n in self.param_names if n not in self.shaped_names)
+
+    @property
     def num_params(self) -> int:
-        return len(self.param_names)
+        """How many learnable scalar parameters ``_params`` holds."""
+        return len(self.scalar_params)
 
     def __post_init__(self) -> None:
         """Every name is a checked identifier and every number finite: templates print them as they are."""
         identifier(self.neuron, keyword_ok=True)
         for names in (self.input_names, self.state_names, self.output_names, self.param_names, self.constants,
                       self.fwd_core_returns, self.fwd_core_recipients, self.fwd_kernel_returns, self.saved_names,
-                      self.bwd_core_args, self.bwd_core_returns, self.output_vars, self.zero_grads):
+                      self.bwd_core_args, self.bwd_core_returns, self.output_vars, self.zero_grads,
+                      self.fixed_names, self.shaped_names):
             for name in names:
                 identifier(name)
         for kind, index in self.c2k_return_mapping:
@@ -113,7 +122,8 @@ def build_cores(ir: StepIR) -> Cores:
     name = identifier(ir.name, keyword_ok=True)  # only a prefix: `class_forward_core` is fine
     forward_name, backward_name = (identifier(core_name(name, d)) for d in CORES)
     inputs, states, params = ([identifier(n) for n in names] for names in (ir.input_names, ir.state_names,
-                                                                          ir.param_names))
+                                                                          ir.param_names + ir.fixed_names))
+    learnable = params[:len(ir.params)]  # runtime parameters: the learnable ones, then the fixed ones
 
     # Where each value the backward reads comes from.
     mapping, extras = [], []
@@ -153,7 +163,7 @@ def build_cores(ir: StepIR) -> Cores:
                                        for s in list(ir.outputs) + list(ir.next_states) + extras))
 
     bwd_args = [s.name for s in backward.saved] + [s.name for s in backward.seeds] + params
-    bwd_returns = [f"grad__{n}" for n in inputs + states + params]
+    bwd_returns = [f"grad__{n}" for n in inputs + states + learnable]
     seed_ref = backward.seeds[0].name
     bwd = [f"@triton.jit", f"def {backward_name}({', '.join(identifier(a) for a in bwd_args)}):",
            f'    """Reverse of one step: gradients of inputs, previous states and learnable parameters."""']
@@ -170,7 +180,7 @@ def build_cores(ir: StepIR) -> Cores:
         input_names=tuple(inputs),
         state_names=tuple(states),
         output_names=output_names,
-        param_names=tuple(params),
+        param_names=tuple(learnable),
         constants=dict(ir.constants),
         fwd_core_returns=tuple(core_returns),
         fwd_core_recipients=tuple(recipients),
@@ -184,6 +194,8 @@ def build_cores(ir: StepIR) -> Cores:
             v.is_number for v in ir.initial_states) else (),
         zero_grads=tuple(sym.name for sym, grad in zip(ir.inputs + ir.params, backward.results[:len(inputs)] +
                                                         backward.results[len(inputs) + len(states):]) if grad == 0),
+        fixed_names=ir.fixed_names,
+        shaped_names=ir.shaped,
     )
     source = p.helper_source() + "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
     return Cores(forward_name, backward_name, source, info)

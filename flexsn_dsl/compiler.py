@@ -373,14 +373,15 @@ def _name_problem(name: object, neuron: str) -> str:
 
 def _ir_problem(ir: StepIR, before: StepIR) -> str:
     """Why an IR returned by a pass (given ``before``) cannot be compiled ('' when it can)."""
-    for field_name in ("name", "input_names", "state_names", "param_names", "output_names"):
+    for field_name in ("name", "input_names", "state_names", "param_names", "fixed_names", "shaped",
+                       "output_names"):
         if getattr(ir, field_name) != getattr(before, field_name):
             return f"{field_name} changed from {getattr(before, field_name)!r} to {getattr(ir, field_name)!r} " \
                    "(a pass may rewrite expressions, not the neuron's interface)"
     if not ir.outputs or len(ir.outputs) != len(ir.output_names) or len(ir.next_states) != len(ir.states):
         return f"{len(ir.outputs)} outputs for {len(ir.output_names)} output names and {len(ir.next_states)} " \
                f"next states for {len(ir.states)} states"
-    defined = set(ir.inputs) | set(ir.states) | set(ir.params)
+    defined = set(ir.inputs) | set(ir.states) | set(ir.params) | set(ir.fixed)
     printer = Printer(TORCH)
     for sym, expr in ir.assignments:
         if not isinstance(sym, sympy.Symbol):
@@ -392,7 +393,7 @@ def _ir_problem(ir: StepIR, before: StepIR) -> str:
             return f"line {sym.name!r} is {type(expr).__name__} {expr}, not an expression"
         unknown = sorted(s.name for s in expr.free_symbols - defined)
         if unknown:
-            return f"line {sym.name!r} uses {unknown}, which are not inputs, states, learnable parameters " \
+            return f"line {sym.name!r} uses {unknown}, which are not inputs, states, runtime parameters " \
                    "or assigned before it"
         try:
             printer(expr)

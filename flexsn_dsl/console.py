@@ -1,5 +1,5 @@
-"""What the command-line tools (cli.py, bench.py) share: ``--param`` parsing, usage errors, and
-output with terminal control characters escaped."""
+"""What the command-line tools (cli.py, bench.py) share: ``--param`` and ``--size`` parsing, usage
+errors, and output with terminal control characters escaped."""
 from __future__ import annotations
 
 import contextlib
@@ -59,4 +59,15 @@ def parse_params(items: Sequence[str]) -> dict[str, float]:
             raise SpecError(f"--param {item!r} is not NAME=NUMBER", hint="e.g. --param tau=3.0") from None
         if not sep:
             raise SpecError(f"--param {item!r} is not NAME=NUMBER", hint="e.g. --param tau=3.0")
+    return out
+
+
+def parse_sizes(items: Sequence[str]) -> dict[str, int]:
+    """``--size NAME=N`` options (sizes named in parameter shapes) as a dict."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not (value.strip().isascii() and value.strip().isdigit()):
+            raise SpecError(f"--size {item!r} is not NAME=WHOLE_NUMBER", hint="e.g. --size C=64")
+        out[name.strip()] = int(value)
     return out

@@ -85,3 +85,8 @@ class SpecTypeError(SpecError, TypeError):
 
 class MissingDependency(ImportError):
     """An optional package that a feature needs is not installed; the message says how to get it."""
+
+
+class ShapeError(ValueError):
+    """An input whose shape cannot broadcast against a shaped parameter, or a parameter
+    tensor (``params=``, ``load_state_dict``) whose shape does not fit the spec's ``shape``."""

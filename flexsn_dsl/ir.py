@@ -1,7 +1,8 @@
 """Stage 3: the sympy IR of one time step, ready for code generation.
 
-Constant parameters are substituted by their values (so sympy folds them);
-learnable parameters stay symbols and become runtime arguments. The IR is a
+Constant scalar parameters are substituted by their values (so sympy folds them);
+learnable and shaped parameters stay symbols and become runtime arguments
+(``params``: the learnable ones, which get gradients; ``fixed``: the others). The IR is a
 straight-line program: ``assignments`` in order, then ``outputs`` and
 ``next_states`` name symbols of it.
 """
@@ -14,7 +15,7 @@ from typing import Callable, Mapping
 
 import sympy
 
-from .errors import SourcePos, SpecError, SpecTypeError
+from .errors import ShapeError, SourcePos, SpecError, SpecTypeError
 from .expressions import closest
 from .model import NeuronModel, fold_values
 from .symbolic import real_symbol
@@ -25,7 +26,7 @@ class StepIR:
     name: str
     inputs: tuple[sympy.Symbol, ...]
     states: tuple[sympy.Symbol, ...]          # previous values
-    params: tuple[sympy.Symbol, ...]          # learnable parameters (runtime values)
+    params: tuple[sympy.Symbol, ...]          # learnable parameters (runtime values, with gradients)
     assignments: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
     outputs: tuple[sympy.Symbol, ...]
     next_states: tuple[sympy.Symbol, ...]
@@ -34,6 +35,8 @@ class StepIR:
     constants: tuple[tuple[str, float], ...]  # baked-in parameter values, for the record
     initial_states: tuple[sympy.Expr, ...] = ()  # each state's initial value (constants substituted)
     positions: tuple[SourcePos | None, ...] = ()  # where each assignment was written
+    fixed: tuple[sympy.Symbol, ...] = ()      # non-learnable shaped parameters (runtime values, no gradients)
+    shaped: tuple[str, ...] = ()              # the runtime parameters with a shape (read per element)
 
     def replace_exprs(self, rewrite: Callable[[sympy.Expr], sympy.Expr]) -> "StepIR":
         """A copy with ``rewrite`` applied to every assigned expression (for IR passes)."""
@@ -50,6 +53,19 @@ class StepIR:
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.params)
+
+    @property
+    def fixed_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.fixed)
+
+
+def check_param_names(model: NeuronModel, names) -> None:
+    """Every name given in params= must be a parameter of the spec."""
+    for name in names:
+        if name not in model.parameters:
+            hint = closest(str(name), model.parameters)
+            raise SpecError(f"{model.file}: params= names {name!r}, which is not a parameter of {model.name!r}",
+                            hint=hint or f"parameters: {', '.join(model.parameters) or 'none'}")
 
 
 def param_value(name: str, value: object, pos: SourcePos | None = None) -> float:
@@ -71,21 +87,28 @@ def param_value(name: str, value: object, pos: SourcePos | None = None) -> float
 
 
 def resolve_params(model: NeuronModel, overrides: Mapping[str, float] | None) -> dict[str, float]:
-    """Parameter values with ``overrides`` (``params=``) applied and checked."""
+    """Parameter values with ``overrides`` (``params=``) applied and checked; a shaped parameter's
+    value is the initial value of its elements, its expression re-evaluated with the overridden
+    scalar values."""
     if overrides is not None and not isinstance(overrides, Mapping):
         raise SpecTypeError(f"params= must be a dict of parameter name -> number, not {type(overrides).__name__}",
                             hint="e.g. params={'tau': 2.0}")
     values = {p.name: p.value for p in model.parameters.values()}
     lines = model.text.splitlines()
+    check_param_names(model, overrides or {})
     for name, value in (overrides or {}).items():
-        if name not in values:
-            hint = closest(str(name), values)
-            raise SpecError(f"{model.file}: params= names {name!r}, which is not a parameter of {model.name!r}",
-                            hint=hint or f"parameters: {', '.join(values) or 'none'}")
         try:
             values[name] = param_value(name, value, model.parameters[name].pos)
         except SpecError as exc:
             raise exc.with_source(lines) from None
+    scalars = {n: v for n, v in values.items() if not model.parameters[n].shaped}
+    for p in model.parameters.values():
+        if p.shaped and p.name not in (overrides or {}):
+            number = p.initial_value(scalars)
+            if number is None:
+                raise SpecError(f"the value of parameter {p.name!r} ({p.init}) is not a finite real number with "
+                                "the values of params=", p.pos, "change the values given in params=").with_source(lines)
+            values[p.name] = number
     if overrides:
         try:
             fold_values(model, values, lambda n: f"{n} = {values[n]:g} (" + (
@@ -97,6 +120,7 @@ def resolve_params(model: NeuronModel, overrides: Mapping[str, float] | None) ->
 
 def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
     """Lower a validated model with these parameter values to the step IR."""
+    runtime = set(model.runtime_params)
     folded = fold_values(model, values)
     surrogate = model.surrogate.gradient_with(model.surrogate_params)
     return StepIR(
@@ -109,7 +133,51 @@ def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
         next_states=tuple(model.next_states[n] for n in model.states),
         surrogate=sympy.sympify(surrogate),
         output_names=tuple(name for name, _ in model.outputs),
-        constants=tuple((n, values[n]) for n, p in model.parameters.items() if not p.learnable),
+        constants=tuple((n, values[n]) for n in model.parameters if n not in runtime),
         initial_states=folded.initial_states,
         positions=tuple(a.pos for a in model.steps),
+        fixed=tuple(real_symbol(n) for n in model.runtime_params if not model.parameters[n].learnable),
+        shaped=tuple(model.shaped),
     )
+
+
+def resolve_shapes(model: NeuronModel, sizes: dict[str, int] | None, tensor_shapes: dict[str, tuple[int, ...]],
+                   require: bool = True) -> dict[str, tuple[int, ...]]:
+    """Each shaped parameter's shape, its size names taken from ``sizes`` or fixed by the shape of a
+    tensor given for it (``tensor_shapes``). An unknown size name is a SpecError, and so is a size
+    left unknown when ``require``; a tensor that does not fit is a ShapeError."""
+    used = {d for p in model.parameters.values() if p.shaped for d in p.shape if isinstance(d, str)}
+    known: dict[str, tuple[int, str]] = {}  # size name -> (value, where it came from)
+    for name, value in (sizes or {}).items():
+        if name not in used:
+            hint = closest(str(name), used)
+            raise SpecError(f"{model.file}: sizes= names {name!r}, which no parameter's shape of {model.name!r} uses",
+                            hint=hint or (f"size names: {', '.join(sorted(used))}" if used else
+                                          "this spec has no shaped parameters: leave sizes out"))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"size {name!r} must be a positive whole number, got {value!r}", hint=f"e.g. {name}=64")
+        known[name] = (value, "sizes=")
+    for name, shape in tensor_shapes.items():
+        spec_shape = model.parameters[name].shape
+        if len(shape) != len(spec_shape):
+            raise ShapeError(f"params[{name!r}] has shape {list(shape)}, but parameter {name!r} has shape "
+                             f"{list(spec_shape)}: give a tensor of that shape")
+        for size, got in zip(spec_shape, shape):
+            if isinstance(size, str) and size not in known:
+                known[size] = (got, f"params[{name!r}]")
+            expected, where = (size, "the spec") if isinstance(size, int) else known[size]
+            if got != expected:
+                label = f"{size} = {expected} (from {where})" if isinstance(size, str) else f"{expected}"
+                raise ShapeError(f"params[{name!r}] has shape {list(shape)}, but parameter {name!r} has shape "
+                                 f"{list(spec_shape)} with {label}: give a tensor of that shape")
+    shapes = {}
+    for p in model.parameters.values():
+        if not p.shaped:
+            continue
+        missing = [d for d in p.shape if isinstance(d, str) and d not in known]
+        if missing and require:
+            raise SpecError(f"size {missing[0]!r} of parameter {p.name!r} (shape {list(p.shape)}) is not given",
+                            p.pos, f"load(..., sizes={{{missing[0]!r}: 64}}) or --size {missing[0]}=64, or give "
+                            f"params={{{p.name!r}: tensor}}").with_source(model.text.splitlines())
+        shapes[p.name] = tuple(d if isinstance(d, int) else known.get(d, (d,))[0] for d in p.shape)
+    return shapes

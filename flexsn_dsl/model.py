@@ -10,7 +10,7 @@ import keyword
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +30,7 @@ DEFAULT_SURROGATE = "sigmoid"
 MAX_STEP_LINES = 1000
 MAX_NEURON_NAME = 64  # the neuron's name is part of file and module names (build/NAME_torch.py, the cache)
 MAX_NAME = 128  # any other name
-# Attributes of the runtime module (a FlexSN, an nn.Module): a learnable parameter becomes an
+# Attributes of the runtime module (a FlexSN, an nn.Module): every parameter becomes an
 # attribute too, so it may not take one of these names (tests compare this with the real classes).
 MODULE_ATTRIBUTES = frozenset({
     "T_destination", "add_module", "apply", "backend", "bfloat16", "buffers", "call_super_init", "children",
@@ -41,7 +41,7 @@ MODULE_ATTRIBUTES = frozenset({
     "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
     "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
     "register_state_dict_pre_hook", "requires_grad_", "reset", "set_extra_state", "set_submodule",
-    "share_memory", "spec", "state_dict", "state_seqs", "states", "step_mode", "store_state_seqs", "to",
+    "share_memory", "spec", "specialize", "state_dict", "state_seqs", "states", "step_mode", "store_state_seqs", "to",
     "to_empty", "train", "training", "type", "xpu", "zero_grad",
 })
 # Modules a neuron's name may not shadow: `flexsn-dsl build` writes NAME.py and NAME_torch.py, which
@@ -56,12 +56,32 @@ _NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
 _OCTAL_TEXT = re.compile(r"[-+]?0o_?[0-7]+(_[0-7]+)*")  # YAML 1.2 octal (YAML 1.1 writes 012: refused in source.py)
 
 
+SIZE_NAME = re.compile(r"[A-Z][A-Za-z0-9_]*")  # a size in `shape`: C, N, H_out
+
+
 @dataclass(frozen=True)
 class Parameter:
+    """A parameter; ``shape`` is None for a scalar, else its sizes (numbers or size names),
+    and then ``init`` is the initial value of every element (an expression of scalar parameters)."""
+
     name: str
     value: float
     learnable: bool
     pos: SourcePos
+    shape: tuple[int | str, ...] | None = None
+    init: sympy.Expr | None = None
+
+    @property
+    def shaped(self) -> bool:
+        return self.shape is not None
+
+    def initial_value(self, scalars: dict[str, float]) -> float | None:
+        """A shaped parameter's initial element value with these scalar parameter values
+        (None when it is not a finite real number)."""
+        number = self.init.xreplace({real_symbol(n): sympy.Float(v) for n, v in scalars.items()})
+        if not number.is_number or not _finite(number):
+            return None
+        return float(number)
 
 
 @dataclass(frozen=True)
@@ -104,6 +124,16 @@ class NeuronModel:
     @property
     def learnable(self) -> list[str]:
         return [p.name for p in self.parameters.values() if p.learnable]
+
+    @property
+    def shaped(self) -> list[str]:
+        return [p.name for p in self.parameters.values() if p.shaped]
+
+    @property
+    def runtime_params(self) -> list[str]:
+        """Parameters passed to the kernels at run time (learnable or shaped); the other
+        (scalar, constant) ones are baked into the generated code."""
+        return [p.name for p in self.parameters.values() if p.learnable or p.shaped]
 
     def symbol(self, name: str) -> sympy.Symbol:
         return real_symbol(name)
@@ -282,34 +312,76 @@ class _Builder:
         if node is None or (node.kind == "scalar" and node.value is None):
             return {}
         self._expect(node, "mapping", "`parameters`", "parameters: {tau: 2.0}")
-        out = {}
+        keys = ("value", "learnable", "shape")
+        out, inits = {}, {}
         for name, value in node.value.items():
             pos = node.key_pos[name]
             self._identifier(name, pos, "parameter")
             self._declare(name, "parameter", pos)
-            learnable = False
+            learnable, shape = False, None
             if value.kind == "mapping":
                 for key in value.value:
-                    if key not in ("value", "learnable"):
+                    if key not in keys:
                         raise SpecError(f"unknown key {key!r} in parameter {name!r}", value.key_pos[key],
-                                        closest(key, ("value", "learnable")) or "a parameter takes `value` and `learnable`")
+                                        closest(key, keys) or "a parameter takes `value`, `learnable` and `shape`")
                 if "value" not in value.value:
                     raise SpecError(f"parameter {name!r} has no `value`", value.pos, f"write {name}: {{value: 1.0}}")
-                number = self._number(value.value["value"], f"the value of parameter {name!r}")
                 if "learnable" in value.value:
                     flag = value.value["learnable"]
                     if not isinstance(flag.value, bool):
                         raise SpecError(f"`learnable` of parameter {name!r} must be true or false, not {flag.value!r}",
                                         flag.pos, "write learnable: true")
                     learnable = flag.value
-                if learnable and name in MODULE_ATTRIBUTES:
-                    raise SpecError(f"learnable parameter {name!r} clashes with the attribute `{name}` of the module "
-                                    "(a FlexSN, an nn.Module)", pos,
-                                    "rename the parameter: a learnable parameter becomes an attribute of the module")
+                if "shape" in value.value:
+                    shape = self._shape(value.value["shape"], name)
+                    inits[name] = value.value["value"]  # a number or an expression of scalar parameters
+                    number = math.nan  # evaluated below, once every scalar parameter is known
+                else:
+                    number = self._number(value.value["value"], f"the value of parameter {name!r}")
             else:
                 number = self._number(value, f"parameter {name!r}")
-            out[name] = Parameter(name, number, learnable, pos)
+            if name in MODULE_ATTRIBUTES:
+                raise SpecError(f"parameter {name!r} clashes with the attribute `{name}` of the module "
+                                "(a FlexSN, an nn.Module)", pos,
+                                "rename the parameter: every parameter becomes an attribute of the module "
+                                "(learnable ones as nn.Parameters, the others as buffers)")
+            out[name] = Parameter(name, number, learnable, pos, shape)
+        scalars = {n: p.value for n, p in out.items() if not p.shaped}
+        env = {n: real_symbol(n) for n in scalars}
+        forbidden = {n: (f"the value of a shaped parameter cannot use the shaped parameter {n!r}",
+                         "use numbers and scalar parameters") for n in out if n not in scalars}
+        for name, value in inits.items():
+            what = f"the value of parameter {name!r}"
+            if value.kind == "scalar" and isinstance(value.value, (int, float)) and not isinstance(value.value, bool):
+                init = sympy.Float(self._number(value, what))
+            else:
+                init = self._expression(value, env, what, initial=True, forbidden=forbidden)
+            param = replace(out[name], init=init)
+            number = param.initial_value(scalars)
+            if number is None:
+                raise SpecError(f"{what} ({init}) is not a finite real number", value.pos,
+                                "a division by zero, or log/sqrt of a number <= 0: change the expression")
+            out[name] = replace(param, value=number)
         return out
+
+    def _shape(self, node: Node, name: str) -> tuple[int | str, ...]:
+        example = f"{name}: {{value: 1.0, shape: [C, 1, 1]}}"
+        if node.kind != "list" or not node.value:
+            raise SpecError(f"the `shape` of parameter {name!r} must be a non-empty list of sizes", node.pos,
+                            f"write it like: {example}")
+        shape: list[int | str] = []
+        for item in node.value:
+            size = item.value
+            if item.kind == "scalar" and isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 2 ** 31:
+                shape.append(size)
+            elif item.kind == "scalar" and isinstance(size, str) and SIZE_NAME.fullmatch(size) and size.isascii():
+                shape.append(size)
+            else:
+                raise SpecError(f"a size in the `shape` of parameter {name!r} must be a positive whole number or a "
+                                f"size name, not {_type_name(item)} {size!r}", item.pos,
+                                "write numbers and capitalised names given when loading, e.g. shape: [C, 1, 1] "
+                                "with sizes={'C': 64}")
+        return tuple(shape)
 
     def _states(self, parameters: dict[str, Parameter]) -> dict[str, State]:
         node = self.root.value["states"]
@@ -336,20 +408,20 @@ class _Builder:
         return out
 
     def _expression(self, node: Node, env, what: str, later=None, initial: bool = False,
-                    current: str | None = None) -> sympy.Expr:
+                    current: str | None = None, forbidden: dict | None = None) -> sympy.Expr:
         if node.kind != "scalar" or node.value is None or isinstance(node.value, bool):
             raise SpecError(f"{what} must be a number or an expression, not {_type_name(node)}", node.pos,
                             "write an expression such as `v + x / tau`")
         if isinstance(node.value, (int, float)):
             number = self._number(node, what)  # refuses .inf and .nan
             return sympy.Integer(node.value) if isinstance(node.value, int) else sympy.Float(number)
-        forbidden = {}
+        forbidden = dict(forbidden or {})
         if initial:
             kinds = {**{n: "state" for n in self.state_names},
                      **{n: kind for n, (kind, _) in self.declared.items() if kind != "parameter"}}
-            forbidden = {name: (f"an initial value cannot use the {kind} {name!r}",
-                                "an initial value may use numbers and parameters only")
-                         for name, kind in kinds.items()}
+            forbidden |= {name: (f"an initial value cannot use the {kind} {name!r}",
+                                 "an initial value may use numbers and parameters only")
+                          for name, kind in kinds.items()}
         parser = ExpressionParser(env, later=later, what=what, current=current, forbidden=forbidden,
                                   budget=self.condition_budget)
         try:
@@ -532,12 +604,12 @@ def fold_values(model: NeuronModel, values: dict[str, float],
     """Substitute parameter ``values`` into the model and fold constants; refuse a step or
     initial value that becomes infinite, NaN or complex (x / tau with tau: 0, tau * 1e308).
 
-    Learnable parameters stay symbols in the result but are checked with their initial
+    Runtime (learnable or shaped) parameters stay symbols in the result but are checked with their initial
     values too. ``describe(name)`` says where a parameter's value came from."""
     describe = describe or (lambda n: f"{n} = {values[n]:g}")
-    learnable = set(model.learnable)
-    constants = {real_symbol(n): sympy.Float(v) for n, v in values.items() if n not in learnable}
-    checked = {**constants, **{real_symbol(n): sympy.Float(values[n]) for n in learnable}}
+    runtime = set(model.runtime_params)  # learnable or shaped
+    constants = {real_symbol(n): sympy.Float(v) for n, v in values.items() if n not in runtime}
+    checked = {**constants, **{real_symbol(n): sympy.Float(values[n]) for n in runtime}}
     hint = ("a division by zero, log/sqrt of a number <= 0, or a number beyond 1.8e308: change the "
             "parameter value, or guard the expression with where(...)")
 

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from .compiler import Compiled, compile_spec
-from .errors import MissingDependency, SpecError
+from .errors import MissingDependency, ShapeError, SpecError
+from .ir import check_param_names, resolve_shapes
 from .source import spec_text
 
 BACKENDS = ("auto", "torch", "triton")
@@ -23,12 +24,19 @@ class FlexSN(nn.Module):
     ``step_mode="m"`` takes inputs ``[T, ...]``, ``"s"`` one step ``[...]``.
     ``states`` holds each state's current tensor (carried from call to call
     until :meth:`reset`); ``state_seqs`` the per-step states of the last call
-    when ``store_state_seqs`` is true. Learnable parameters are
-    ``nn.Parameter``\\ s named as in the spec.
+    when ``store_state_seqs`` is true.
+
+    Every parameter is registered under its spec name, so that ``state_dict`` carries it:
+    learnable ones as ``nn.Parameter``\\ s, the others as buffers. A parameter with a shape
+    has that shape (its size names from ``sizes``, or fixed by a tensor in ``values``) and
+    broadcasts against each step's input. Scalar constants are float64 0-dim buffers whose
+    values are baked into the generated code: loading a state dict that changes one
+    re-specialises the code for the new values (:meth:`specialize`).
     """
 
     def __init__(self, compiled: Compiled, step_mode: str = "m", backend: str = "auto",
-                 store_state_seqs: bool = False):
+                 store_state_seqs: bool = False, sizes: dict[str, int] | None = None,
+                 values: dict[str, torch.Tensor] | None = None):
         super().__init__()
         if step_mode not in STEP_MODES:
             raise ValueError(f"step_mode must be one of {STEP_MODES}, got {step_mode!r}")
@@ -38,18 +46,36 @@ class FlexSN(nn.Module):
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
-        model = compiled.model
-        for name in model.learnable:
-            if hasattr(self, name):
-                raise SpecError(f"learnable parameter {name!r} clashes with an attribute of torch.nn.Module",
-                                model.parameters[name].pos, "rename the parameter")
-            self.register_parameter(name, nn.Parameter(torch.tensor(compiled.values[name])))
         self.states: dict[str, torch.Tensor] = {}
         self.state_seqs: dict[str, torch.Tensor] = {}
         self._triton_error: SpecError | MissingDependency | None = None
         self._plugin_files: tuple[str, ...] = ()
         self._warned_missing = False
+        self._register_parameters(sizes, values or {})
         self._prepare()
+
+    def _register_parameters(self, sizes: dict[str, int] | None, values: dict[str, torch.Tensor]) -> None:
+        model = self._compiled.model
+        shapes = resolve_shapes(model, sizes, {n: tuple(v.shape) for n, v in values.items()})
+        for p in model.parameters.values():
+            # (the model refuses a parameter named like an attribute: model.MODULE_ATTRIBUTES)
+            number = self._compiled.values[p.name]
+            if p.name in values:
+                given = values[p.name].detach()
+                tensor = given.clone() if given.is_floating_point() else given.to(torch.get_default_dtype())
+            elif p.shaped:
+                tensor = torch.full(shapes[p.name], number)
+            else:
+                tensor = torch.tensor(number, dtype=None if p.learnable else torch.float64)
+            if p.learnable:
+                self.register_parameter(p.name, nn.Parameter(tensor))
+            else:
+                self.register_buffer(p.name, tensor)
+
+    @property
+    def _constants(self) -> list[str]:
+        """The parameters whose values are baked into the generated code (scalar, not learnable)."""
+        return [p.name for p in self.spec.parameters.values() if not (p.learnable or p.shaped)]
 
     def _prepare(self) -> None:
         # Generate the torch step now rather than lazily inside ``forward``: the lazy path
@@ -102,11 +128,30 @@ class FlexSN(nn.Module):
         self._prepare()
 
     def _apply(self, fn, recurse=True):
-        # .to()/.double()/.half()/.cuda() move the carried states too, as they would buffers
+        # .to()/.double()/.half()/.cuda() move the carried states too, as they would buffers;
+        # the baked constants move but stay float64 (a checkpoint keeps their exact values)
+        constants = {n: self._buffers[n] for n in self._constants}
         super()._apply(fn, recurse)
+        for name, value in constants.items():
+            self._buffers[name] = value.to(device=self._buffers[name].device)
         self.states = {k: fn(v) for k, v in self.states.items()}
         self.state_seqs = {k: fn(v) for k, v in self.state_seqs.items()}
         return self
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if any(float(self._buffers[n]) != self._compiled.values[n] for n in self._constants):
+            self.specialize()
+
+    def specialize(self) -> None:
+        """Generate the code again for the constant values now in the buffers (``load_state_dict``
+        does this when it changes one; call it after changing a constant buffer by hand)."""
+        compiled = self._compiled
+        values = {**compiled.values, **{n: float(self._buffers[n]) for n in self._constants}}
+        self._compiled = compile_spec(compiled.model.file, text=compiled.model.text, params=values,
+                                      passes=[p.name for p in compiled.passes], plugins=self._plugin_files)
+        self._triton_error = None
+        self._prepare()
 
     # -- running ---------------------------------------------------------------
     def reset(self) -> None:
@@ -121,10 +166,21 @@ class FlexSN(nn.Module):
         self.state_seqs = {k: v.detach() for k, v in self.state_seqs.items()}
 
     def _param_values(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in self.spec.learnable}
+        """The runtime parameters (learnable or shaped), as the generated code takes them."""
+        return {name: getattr(self, name) for name in self.spec.runtime_params}
+
+    def _check_shapes(self, x: torch.Tensor, name: str, step: torch.Size) -> None:
+        """Every shaped parameter must broadcast to one step of the inputs (trailing dimensions aligned)."""
+        for p in self.spec.shaped:
+            shape = tuple(getattr(self, p).shape)
+            if len(shape) > len(step) or any(s not in (1, d) for s, d in zip(reversed(shape), reversed(step))):
+                raise ShapeError(f"{self.spec.name}: parameter {p!r} has shape {list(shape)}, which does not broadcast "
+                                 f"against a step of input {name!r}: step shape {list(step)} (input shape "
+                                 f"{list(x.shape)}, step_mode={self.step_mode!r}); each of the parameter's "
+                                 "dimensions must be 1 or equal the step's trailing dimension it is aligned with")
 
     def _initial_values(self) -> tuple:
-        """Each state's initial value: a number, or a 0-dim tensor where it depends on a learnable parameter."""
+        """Each state's initial value: a number, or a tensor where it depends on a runtime parameter."""
         return self._compiled.torch_namespace["initial_states"](**self._param_values())
 
     @staticmethod
@@ -173,6 +229,7 @@ class FlexSN(nn.Module):
             inputs = tuple(x.unsqueeze(0) for x in inputs)
         if inputs[0].dim() < 1:
             raise ValueError("step_mode='m' needs inputs of shape [T, ...]")
+        self._check_shapes(inputs[0] if self.step_mode == "m" else inputs[0][0], names[0], inputs[0].shape[1:])
         first = inputs[0][0] if inputs[0].shape[0] > 0 else inputs[0].new_zeros(inputs[0].shape[1:])
         states = [self.states.get(n) for n in self.spec.states]
         backend = self._choose_backend(first)
@@ -205,7 +262,8 @@ class FlexSN(nn.Module):
 
     def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor]):
         step = self._compiled.torch_namespace["step"]
-        params = self._param_values()
+        shaped = set(self.spec.shaped)  # computed in the inputs' dtype, like the 0-dim scalars
+        params = {k: v.to(inputs[0].dtype) if k in shaped else v for k, v in self._param_values().items()}
         per_step_outputs, per_step_states = [], []
         for t in range(inputs[0].shape[0]):
             xs = [x[t] for x in inputs]
@@ -261,27 +319,27 @@ def _stack(values: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return torch.stack(values)
 
 
-def load(path: str | os.PathLike, params: dict[str, float] | None = None, step_mode: str = "m",
+def load(path: str | os.PathLike, params: dict[str, float | torch.Tensor] | None = None, step_mode: str = "m",
          backend: str = "auto", store_state_seqs: bool = False, plugins: Iterable[str] = (),
-         passes: Iterable[str] = ()) -> FlexSN:
+         passes: Iterable[str] = (), sizes: dict[str, int] | None = None) -> FlexSN:
     """Load a spec file as an ``nn.Module``.
 
-    ``params`` overrides parameter values; ``plugins`` are extra plugin files
-    (Python files with ``@flexsn_dsl.hookimpl`` functions); ``passes`` enables
-    code-generation passes by name. Raises :class:`flexsn_dsl.SpecError` on a bad spec.
+    ``params`` overrides parameter values: numbers, or tensors (a shaped parameter's tensor
+    has its shape, and fixes the sizes it names); ``sizes`` gives the size names used in
+    parameter shapes (``{"C": 64}``); ``plugins`` are extra plugin files (Python files with
+    ``@flexsn_dsl.hookimpl`` functions); ``passes`` enables code-generation passes by name.
+    Raises :class:`flexsn_dsl.SpecError` on a bad spec, :class:`flexsn_dsl.ShapeError` on a
+    tensor that does not fit.
     """
-    plugins = _plugin_paths(plugins)
-    compiled = compile_spec(path, params=params, plugins=plugins, passes=passes)
-    return _module(compiled, plugins, step_mode, backend, store_state_seqs)
+    return _load(path, None, params, step_mode, backend, store_state_seqs, plugins, passes, sizes)
 
 
-def loads(text: str, params: dict[str, float] | None = None, step_mode: str = "m", backend: str = "auto",
-          store_state_seqs: bool = False, plugins: Iterable[str] = (), passes: Iterable[str] = (),
-          filename: str = "<string>") -> FlexSN:
+def loads(text: str, params: dict[str, float | torch.Tensor] | None = None, step_mode: str = "m",
+          backend: str = "auto", store_state_seqs: bool = False, plugins: Iterable[str] = (),
+          passes: Iterable[str] = (), filename: str = "<string>", sizes: dict[str, int] | None = None) -> FlexSN:
     """Like :func:`load`, from spec text (a str, or UTF-8 bytes)."""
-    plugins = _plugin_paths(plugins)
-    compiled = compile_spec(filename, text=spec_text(text, filename), params=params, plugins=plugins, passes=passes)
-    return _module(compiled, plugins, step_mode, backend, store_state_seqs)
+    return _load(filename, spec_text(text, filename), params, step_mode, backend, store_state_seqs, plugins, passes,
+                 sizes)
 
 
 def _plugin_paths(plugins: Iterable[str] | str) -> tuple[str, ...]:
@@ -291,8 +349,26 @@ def _plugin_paths(plugins: Iterable[str] | str) -> tuple[str, ...]:
     return tuple(str(Path(p).expanduser().resolve()) for p in plugins)
 
 
-def _module(compiled: Compiled, plugins: tuple[str, ...], step_mode: str, backend: str,
-            store_state_seqs: bool) -> FlexSN:
-    m = FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs)
+def _load(source, text, params, step_mode, backend, store_state_seqs, plugins, passes, sizes) -> FlexSN:
+    """Compile with the numbers of ``params`` (a scalar parameter's one-element tensor is a number),
+    then build the module with the shaped parameters' tensors."""
+    plugins = _plugin_paths(plugins)
+    params = dict(params or {})
+    tensors = {k: v for k, v in params.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    numbers = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in params.items() if k not in tensors}
+    compiled = compile_spec(source, text=text, params=numbers, plugins=plugins, passes=passes)
+    model = compiled.model
+    check_param_names(model, tensors)
+    scalars = {k: v for k, v in tensors.items() if not model.parameters[k].shaped}
+    for name, value in scalars.items():
+        if value.numel() != 1:
+            raise ShapeError(f"params[{name!r}] has shape {list(value.shape)}, but parameter {name!r} of "
+                             f"{model.name!r} is a scalar: give a number, or declare a `shape` in the spec")
+        numbers[name] = float(value.reshape(()))
+    if scalars:
+        compiled = compile_spec(source, text=text, params=numbers, plugins=plugins, passes=passes)
+    shaped = {k: v for k, v in tensors.items() if k not in scalars}
+    m = FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs, sizes=sizes,
+               values=shaped)
     m._plugin_files = plugins  # so that copies and unpickled modules find the same plugins
     return m

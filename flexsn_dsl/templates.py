@@ -20,6 +20,15 @@ says whether the initial states need gradients.
 
 Names come from a :class:`FlexSNInfo`, whose fields are checked identifiers and
 finite numbers (:mod:`flexsn_dsl.literals`); INFO is printed with ``literals.value``.
+
+Parameters: learnable scalars come packed in ``_params``; a parameter with a shape
+comes as ``<name>__param``, its values in the order they broadcast against one step,
+read per neuron at ``(offset // <name>__inner) % <name>__size`` (``__inner``: neurons
+per value, ``__size``: values), never a full-size copy. The backward reduces the
+gradient of a learnable shaped parameter per block, by a segmented scan over the
+block's neurons, into ``<name>__grad`` [segments, ``<name>__split``] (a segment: the
+neurons sharing one value; split: the blocks one segment can span), which the runtime
+sums: deterministic, no atomics.
 """
 from __future__ import annotations
 
@@ -33,11 +42,40 @@ def _heaviside(u):
     """spike() forward: 1 where u >= 0, else 0, in u's dtype."""
     return tl.where(u >= 0.0, 1.0, 0.0).to(u.dtype)
 '''
+SEGMENTED_ADD = '''@triton.jit
+def _segmented_add(a, a_segment, b, b_segment):
+    """Combine of a sum within runs of equal (non-decreasing) segment ids."""
+    return tl.where(a_segment == b_segment, a + b, b), b_segment
+'''
 I1, I2 = "    ", "        "
 
 
 def _params_load(info: FlexSNInfo) -> list[str]:
-    return [f"{I1}{name} = tl.load(_params + {k}).to(_DTYPE)" for k, name in enumerate(info.param_names)]
+    """Each runtime parameter's value: a scalar for all neurons, or a shaped parameter's value per neuron."""
+    lines = [f"{I1}{name} = tl.load(_params + {k}).to(_DTYPE)" for k, name in enumerate(info.scalar_params)]
+    return lines + [f"{I1}{n} = tl.load({n}__param + (_offs // {n}__inner) % {n}__size).to(_DTYPE)"
+                    for n in info.shaped_names]
+
+
+def _param_args(info: FlexSNInfo) -> tuple[list[str], str]:
+    args = ["_params"] if info.scalar_params else []
+    args += [f"{n}__{k}" for n in info.shaped_names for k in ("param", "inner", "size")]
+    return args, f"runtime parameters {list(info.param_names + info.fixed_names)}"
+
+
+def _shaped_grads(info: FlexSNInfo) -> list[str]:
+    """Learnable shaped parameters: each segment's gradient summed within the block, stored per (segment, block)."""
+    names = [n for n in info.param_names if n in info.shaped_names]
+    if not names:
+        return []
+    lines = [f"{I1}_block_last = tl.minimum(tl.program_id(0) * _BLOCK + _BLOCK, _N) - 1"]
+    for n in names:
+        lines += [f"{I1}{n}__segment = _offs // {n}__inner",
+                  f"{I1}{n}__total, _ = tl.associative_scan(({n}__grad_sum, {n}__segment), 0, _segmented_add)",
+                  f"{I1}{n}__end = _mask & ((((_offs + 1) % {n}__inner) == 0) | (_offs == _block_last))",
+                  f"{I1}tl.store({n}__grad + {n}__segment * {n}__split + tl.program_id(0) - "
+                  f"({n}__segment * {n}__inner) // _BLOCK, {n}__total, mask={n}__end)"]
+    return lines
 
 
 def _load(ptr: str) -> str:
@@ -82,11 +120,11 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     recipients = list(info.fwd_core_recipients)
     if not training:  # the saved values are computed but not stored
         recipients = recipients[:info.num_outputs + info.num_states] + ["_"] * len(info.saved_names)
-    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names)
+    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names)
     lines = _signature(info, variant, [
         (inputs + [f"{n}__init" for n in info.state_names], "inputs [T, N], initial states [N]"),
         (written + [f"{n}__final" for n in info.state_names], "written"),
-        (["_params"] if info.param_names else [], f"learnable parameters {list(info.param_names)}"),
+        _param_args(info),
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
     lines += _head() + _params_load(info)
@@ -126,16 +164,19 @@ def _backward_kernel(cores: Cores) -> str:
     grad_in = [f"{n}__grad_in" for n in info.input_names]
     walking = grad_out + read_unique + grad_in
     call_args = [f"{r}_t" for r in read] + [f"{n}__grad_out_t" for n in info.output_names] + \
-                [f"{n}__grad_next" for n in info.state_names] + list(info.param_names)
+                [f"{n}__grad_next" for n in info.state_names] + list(info.param_names) + list(info.fixed_names)
     results = [f"{n}__grad_in_t" for n in info.input_names] + [f"{n}__grad_acc" for n in info.state_names] + \
               [f"{n}__grad_t" for n in info.param_names]
+    param_args, param_comment = _param_args(info)
+    grads = ["_params_grad"] if info.scalar_params else []
+    grads += [f"{n}__{k}" for n in info.param_names if n in info.shaped_names for k in ("grad", "split")]
     lines = _signature(info, "backward", [
         (grad_out + [f"{n}__grad_states" for n in info.state_names] + [f"{n}__grad_final" for n in info.state_names],
          "upstream gradients"),
         (kept, "what the forward kept"),
         (grad_in + [f"{n}__grad_init" for n in info.state_names], "written"),
-        (["_params", "_params_grad"] if info.param_names else [],
-         "learnable parameters; per-block partial gradients [blocks, P]"),
+        (param_args, param_comment),
+        (grads, "partial parameter gradients: scalars [blocks, P]; shaped [segments, split]"),
     ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
     lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
     lines += _head() + _params_load(info)
@@ -160,7 +201,8 @@ def _backward_kernel(cores: Cores) -> str:
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names])
     lines += [f"{I1}tl.store(_params_grad + tl.program_id(0) * {info.num_params} + {k}, "
-              f"tl.sum({n}__grad_sum, axis=0))" for k, n in enumerate(info.param_names)]
+              f"tl.sum({n}__grad_sum, axis=0))" for k, n in enumerate(info.scalar_params)]
+    lines += _shaped_grads(info)
     return "\n".join(lines) + "\n"
 
 
@@ -176,9 +218,10 @@ def kernel_source(cores: Cores, variant: str) -> str:
 def module_source(cores: Cores, header: str) -> str:
     """A complete Python module: imports, cores, every kernel variant and INFO."""
     kernels = "\n\n".join(kernel_source(cores, v) for v in VARIANTS)
+    helpers = HEAVISIDE + ("\n\n" + SEGMENTED_ADD if set(cores.info.param_names) & set(cores.info.shaped_names) else "")
     return (f"{header}\n"
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n"
             "from flexsn_dsl.codegen_triton import FlexSNInfo\n\n"
             f"INFO = FlexSNInfo(**{value(cores.info.to_dict())})\n\n\n"
-            f"{HEAVISIDE}\n\n"
+            f"{helpers}\n\n"
             f"{cores.source}\n\n{kernels}")

@@ -91,9 +91,18 @@ class Kernels:
         kernel[grid](*args, **config, **constexprs)
         return grid[0]
 
+    def _block(self, n: int) -> int:
+        """The block size of a launch over n neurons (a lower bound on it when autotuning)."""
+        return 64 if self._autotuned(launch_settings()) else self.config(n)["_BLOCK"]
+
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
-        return triton.cdiv(n, 64) if self._autotuned(launch_settings()) else triton.cdiv(n, self.config(n)["_BLOCK"])
+        return triton.cdiv(n, self._block(n))
+
+    def split(self, n: int, inner: int) -> int:
+        """An upper bound on the blocks that the ``inner`` neurons sharing one value of a shaped parameter span."""
+        block = self._block(n)
+        return (inner - 1 + block - 1) // block + 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,7 +122,9 @@ def interpreting() -> bool:
 def _tuned(kernel):
     configs = [triton.Config({"_BLOCK": b}, num_warps=w) for b, w in
                ((64, 2), (128, 2), (256, 2), (512, 4), (1024, 4), (2048, 8))]
-    return triton.autotune(configs=configs, key=["_N", "_DTYPE"])(kernel)
+    # the partial gradients of shaped parameters are written where each block size puts them
+    zeroed = [a for a in kernel.arg_names if a.endswith("__grad") and not a.startswith("_")]
+    return triton.autotune(configs=configs, key=["_N", "_DTYPE"], reset_to_zero=zeroed or None)(kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,7 +136,21 @@ def _flat(x: torch.Tensor, T: int) -> torch.Tensor:
     return x.reshape(T, math.prod(x.shape[1:])).contiguous()  # not -1: T may be 0
 
 
-def _forward(kernels: Kernels, xs, inits, params, training: bool, store_seqs: bool):
+def shaped_view(value: torch.Tensor, step_shape: Sequence[int]) -> tuple[torch.Tensor, int, int]:
+    """A shaped parameter (that broadcasts to ``step_shape``) as the values the kernels read:
+    its elements over the dimensions from the first to the last it varies over, contiguous
+    (a view where its shape allows; never the full step), and (inner, size): each value is
+    shared by ``inner`` consecutive neurons, and the ``size`` values repeat in that order."""
+    nd = len(step_shape)
+    aligned = (1,) * (nd - value.dim()) + tuple(value.shape)
+    varying = [d for d in range(nd) if aligned[d] != 1] or [0]
+    first, last = varying[0], varying[-1] if aligned[varying[-1]] != 1 else -1
+    dims = tuple(step_shape[first:last + 1])
+    values = value.reshape(aligned[first:last + 1]).expand(dims).reshape(-1).contiguous()
+    return values, max(math.prod(step_shape[last + 1:]), 1), math.prod(dims)
+
+
+def _forward(kernels: Kernels, xs, inits, params, shaped, layout, training: bool, store_seqs: bool):
     """Run the forward kernels. Empty ``inits`` (for a spec whose initial states are all
     constants) starts from those constants without reading any initial-state tensor."""
     info = kernels.info
@@ -147,13 +172,19 @@ def _forward(kernels: Kernels, xs, inits, params, training: bool, store_seqs: bo
             [s.clone() for s in flat_init]
     elif n > 0:
         variant = ("forward" if training else "inference") + ("" if store_seqs else "_final_state")
-        args = [*flat_x, *flat_init, *outs, *saved, *seqs, *finals]
-        if info.param_names:
-            args.append(params)
+        args = [*flat_x, *flat_init, *outs, *saved, *seqs, *finals, *_param_args(info, params, shaped, layout)]
         flags = {"_CONST_INIT": const_init} if info.initial_values else {}
         kernels.launch(variant, n, args + [T, n], _DTYPE=_compute_dtype(like.dtype), **flags)
     view = lambda t: t.reshape(T, *shape)  # noqa: E731
     return [view(o) for o in outs], saved, [view(s) for s in seqs], [f.reshape(shape) for f in finals], flat_x
+
+
+def _param_args(info, params, shaped, layout) -> list:
+    """Kernel arguments of the runtime parameters: the scalar vector, then (tensor, inner, size) per shaped one."""
+    args = [params] if info.scalar_params else []
+    for k, values in enumerate(shaped):
+        args += [values, layout[2 * k], layout[2 * k + 1]]
+    return args
 
 
 def _present(grads: list, shape: tuple[int, ...], like: torch.Tensor) -> list[torch.Tensor] | None:
@@ -163,11 +194,12 @@ def _present(grads: list, shape: tuple[int, ...], like: torch.Tensor) -> list[to
     return [g.reshape(shape).contiguous() if g is not None else like.new_zeros(shape) for g in grads]
 
 
-def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, flat_out, params,
+def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, flat_out, params, shaped, layout,
               init_grads: bool):
-    """Gradients of the inputs, initial states (when ``init_grads``, else []) and parameters from
-    the upstream gradients (None where there are none) of the outputs, state sequences (when
-    stored) and final states."""
+    """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
+    and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
+    upstream gradients (None where there are none) of the outputs, state sequences (when stored)
+    and final states."""
     info = kernels.info
     T = shape[0]
     n = math.prod(shape[1:])
@@ -177,50 +209,69 @@ def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, f
     grad_seqs = _present(list(grads[n_out:n_out + n_st]), (T, n), like) if store_seqs else None
     grad_finals = _present(list(grads[len(grads) - n_st:]), (n,), like) if n_st else None
     grad_params = None
+    learnable = [name in info.param_names for name in info.shaped_names]
     if T == 0 or n == 0:
         grad_x = [torch.zeros_like(x) for x in flat_x]
         grad_init = [g.clone() for g in grad_finals] if grad_finals else [like.new_zeros((n,)) for _ in range(n_st)]
         grad_params = params.new_zeros(params.shape) if params is not None else None
+        grad_shaped = [torch.zeros_like(v) if grad else None for v, grad in zip(shaped, learnable)]
     else:
         grad_x = [torch.empty_like(x) for x in flat_x]
         grad_init = [like.new_empty((n,)) for _ in range(n_st)]
         unused = grad_x[0]  # a valid pointer for arguments a flag leaves unread
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *flat_x,
                 *flat_out, *grad_x, *(grad_init if init_grads else [unused] * n_st)]
-        if info.param_names:
+        args += _param_args(info, params, shaped, layout)
+        if info.scalar_params:
             partial = params.new_zeros((kernels.blocks(n), info.num_params))
-            args += [params, partial]
+            args.append(partial)
+        partials = {}  # learnable shaped parameter k -> partial sums [segments, split]
+        for k, (values, grad) in enumerate(zip(shaped, learnable)):
+            if grad:
+                split = kernels.split(n, layout[2 * k])
+                partials[k] = values.new_zeros((n // layout[2 * k], split))
+                args += [partials[k], split]
         programs = kernels.launch("backward", n, args + [T, n], _DTYPE=_compute_dtype(like.dtype),
                                   _HAS_STATE_GRADS=grad_seqs is not None, _HAS_FINAL_GRADS=grad_finals is not None,
                                   _WRITE_INIT_GRADS=init_grads)
-        if info.param_names:  # only the rows this launch wrote (autotuning tries other block sizes)
+        if info.scalar_params:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
+        # segment j holds value j % size: sum over its repeats and over the blocks a segment spans
+        grad_shaped = [partials[k].view(-1, v.numel(), partials[k].shape[1]).sum((0, 2)) if k in partials else None
+                       for k, v in enumerate(shaped)]
     grad_init = [g.reshape(shape[1:]) for g in grad_init] if init_grads else []
-    return [g.reshape(shape) for g in grad_x], grad_init, grad_params
+    return [g.reshape(shape) for g in grad_x], grad_init, grad_params, grad_shaped
 
 
 class _TritonSteps(torch.autograd.Function):
-    """Fused multi-step forward and backward (eager); inputs: params, then inputs, then initial states."""
+    """Fused multi-step forward and backward (eager). Tensor arguments: the scalar parameters,
+    the ``n_shaped`` shaped parameters' values (:func:`shaped_view`), the inputs, the initial states."""
 
     @staticmethod
-    def forward(ctx, kernels: Kernels, store_seqs: bool, n_inputs: int, params, *tensors):
-        xs, inits = list(tensors[:n_inputs]), list(tensors[n_inputs:])
-        outs, saved, seqs, finals, flat_x = _forward(kernels, xs, inits, params, True, store_seqs)
+    def forward(ctx, kernels: Kernels, store_seqs: bool, n_inputs: int, layout: tuple[int, ...], n_shaped: int,
+                params, *tensors):
+        shaped, xs, inits = tensors[:n_shaped], list(tensors[n_shaped:n_shaped + n_inputs]), \
+            list(tensors[n_shaped + n_inputs:])
+        outs, saved, seqs, finals, flat_x = _forward(kernels, xs, inits, params, shaped, layout, True, store_seqs)
         ctx.kernels, ctx.store_seqs, ctx.n_inputs, ctx.n_saved = kernels, store_seqs, n_inputs, len(saved)
+        ctx.layout, ctx.n_shaped = layout, n_shaped
         ctx.shape = xs[0].shape
         ctx.n_inits = len(inits)
-        ctx.save_for_backward(params, *saved, *flat_x, *[_flat(o, ctx.shape[0]) for o in outs])
+        ctx.save_for_backward(params, *shaped, *saved, *flat_x, *[_flat(o, ctx.shape[0]) for o in outs])
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*outs, *seqs, *finals)
 
     @staticmethod
     def backward(ctx, *grads):
         params, *tensors = ctx.saved_tensors
+        shaped, tensors = tensors[:ctx.n_shaped], tensors[ctx.n_shaped:]
         k, n_in = ctx.n_saved, ctx.n_inputs
-        init_grads = any(ctx.needs_input_grad[4 + n_in:])
-        grad_x, grad_init, grad_params = _backward(ctx.kernels, ctx.store_seqs, ctx.shape, grads, tensors[:k],
-                                                   tensors[k:k + n_in], tensors[k + n_in:], params, init_grads)
-        return (None, None, None, grad_params, *grad_x, *(grad_init or [None] * ctx.n_inits))
+        init_grads = any(ctx.needs_input_grad[6 + ctx.n_shaped + n_in:])
+        grad_x, grad_init, grad_params, grad_shaped = _backward(
+            ctx.kernels, ctx.store_seqs, ctx.shape, grads, tensors[:k], tensors[k:k + n_in], tensors[k + n_in:],
+            params, shaped, ctx.layout, init_grads)
+        return (None, None, None, None, None, grad_params, *grad_shaped, *grad_x,
+                *(grad_init or [None] * ctx.n_inits))
 
 
 # -- the same, as custom operators, so that torch.compile(fullgraph=True) treats them as opaque --
@@ -233,11 +284,14 @@ def _kernels_for(key: str, like: torch.Tensor) -> Kernels:
 
 @torch.library.custom_op("flexsn_dsl::fused_forward", mutates_args=())
 def fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
-                  params: list[torch.Tensor]) -> list[torch.Tensor]:
+                  params: list[torch.Tensor], shaped: list[torch.Tensor], layout: list[int]) -> list[torch.Tensor]:
     """Training forward: outputs, saved values, state sequences (if stored), final states.
     ``inits`` is empty when the states start from the spec's constant initial values; ``params``
-    holds each learnable parameter as a 0-dim tensor (one each, so that each gets its own gradient)."""
-    outs, saved, seqs, finals, _ = _forward(_kernels_for(key, xs[0]), xs, inits, _stack(params), True, store_seqs)
+    holds each learnable scalar parameter as a 0-dim tensor (one each, so that each gets its own
+    gradient); ``shaped`` and ``layout`` are the shaped parameters' values and (inner, size) pairs
+    (:func:`shaped_view`)."""
+    outs, saved, seqs, finals, _ = _forward(_kernels_for(key, xs[0]), xs, inits, _stack(params), shaped, layout,
+                                            True, store_seqs)
     return [*outs, *saved, *seqs, *finals]
 
 
@@ -246,7 +300,7 @@ def _stack(params: list[torch.Tensor]) -> torch.Tensor | None:
 
 
 @fused_forward.register_fake
-def _fused_forward_fake(key, store_seqs, xs, inits, params):
+def _fused_forward_fake(key, store_seqs, xs, inits, params, shaped, layout):
     info = _REGISTRY[key].info
     x = xs[0]
     T, n = x.shape[0], math.prod(x.shape[1:])
@@ -258,34 +312,37 @@ def _fused_forward_fake(key, store_seqs, xs, inits, params):
 @torch.library.custom_op("flexsn_dsl::fused_backward", mutates_args=())
 def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None], saved: list[torch.Tensor],
                    xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None,
-                   init_grads: bool) -> list[torch.Tensor]:
-    """Gradients of inputs, initial states (when ``init_grads``), then the parameters (an empty
-    tensor when none), from the upstream gradients (None where there are none)."""
+                   shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
+    """Gradients of inputs, initial states (when ``init_grads``), the scalar parameters (an empty
+    tensor when none), then each learnable shaped parameter, from the upstream gradients (None
+    where there are none)."""
     shape = xs[0].shape
     T = shape[0]
-    grad_x, grad_init, grad_params = _backward(_kernels_for(key, xs[0]), store_seqs, shape, grads, saved,
-                                               [_flat(x, T) for x in xs], [_flat(o, T) for o in outs], params,
-                                               init_grads)
-    return [*grad_x, *grad_init, grad_params if grad_params is not None else xs[0].new_empty(0)]
+    grad_x, grad_init, grad_params, grad_shaped = _backward(
+        _kernels_for(key, xs[0]), store_seqs, shape, grads, saved, [_flat(x, T) for x in xs],
+        [_flat(o, T) for o in outs], params, shaped, layout, init_grads)
+    return [*grad_x, *grad_init, grad_params if grad_params is not None else xs[0].new_empty(0),
+            *[g for g in grad_shaped if g is not None]]
 
 
 @fused_backward.register_fake
-def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, init_grads):
+def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, shaped, layout, init_grads):
     info = _REGISTRY[key].info
     x = xs[0]
     return ([x.new_empty(x.shape) for _ in xs] +
             ([x.new_empty(x.shape[1:]) for _ in info.state_names] if init_grads else []) +
-            [params.new_empty(params.shape) if params is not None else x.new_empty(0)])
+            [params.new_empty(params.shape) if params is not None else x.new_empty(0)] +
+            [v.new_empty(v.shape) for v, name in zip(shaped, info.shaped_names) if name in info.param_names])
 
 
 def _setup_context(ctx, inputs, output):
-    key, store_seqs, xs, inits, params = inputs
+    key, store_seqs, xs, inits, params, shaped, layout = inputs
     info = _REGISTRY[key].info
     n_out, n_saved = info.num_outputs, len(info.saved_names)
     ctx.key, ctx.store_seqs, ctx.n_inputs, ctx.n_out = key, store_seqs, len(xs), n_out
-    ctx.n_params = len(params)
+    ctx.n_params, ctx.n_shaped, ctx.layout = len(params), len(shaped), list(layout)
     ctx.n_inits = len(inits)
-    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], *params)
+    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], *shaped, *params)
     ctx.n_saved = n_saved
 
 
@@ -293,16 +350,26 @@ def _fused_autograd(ctx, grads):
     info = _REGISTRY[ctx.key].info
     tensors = list(ctx.saved_tensors)
     params = tensors[len(tensors) - ctx.n_params:]
+    tensors = tensors[:len(tensors) - ctx.n_params]
+    shaped = tensors[len(tensors) - ctx.n_shaped:]
+    tensors = tensors[:len(tensors) - ctx.n_shaped]
     k, n_in = ctx.n_saved, ctx.n_inputs
     saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:len(tensors) - ctx.n_params]
     n_out, n_st = info.num_outputs, info.num_states
     wanted = list(grads[:n_out]) + (list(grads[n_out + k:n_out + k + n_st]) if ctx.store_seqs else []) + \
         list(grads[len(grads) - n_st:])
-    result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, _stack(params), ctx.n_inits > 0)
-    grad_x = [None if name in info.zero_grads else g for name, g in zip(info.input_names, result[:n_in])]
+    result = fused_backward(ctx.key, ctx.store_seqs, wanted, saved, xs, outs, _stack(params), shaped, ctx.layout,
+                            ctx.n_inits > 0)
+    zero = info.zero_grads
+    grad_x = [None if name in zero else g for name, g in zip(info.input_names, result[:n_in])]
     grad_init = result[n_in:n_in + ctx.n_inits]
-    grad_params = [None if name in info.zero_grads else result[-1][i] for i, name in enumerate(info.param_names)]
-    return None, None, grad_x, grad_init, grad_params
+    scalar_grads = result[n_in + ctx.n_inits]
+    grad_params = [None if name in zero else scalar_grads[i] for i, name in enumerate(info.scalar_params)]
+    rest = iter(result[n_in + ctx.n_inits + 1:])  # the learnable shaped parameters' gradients
+    grad_shaped = [(None if name in zero else next(rest)) if name in info.param_names else None
+                   for name in info.shaped_names]
+    # (torch takes a list of ints for one leaf, and an empty list for a list of no tensors)
+    return None, None, grad_x, grad_init, grad_params, grad_shaped, None if ctx.layout else []
 
 
 torch.library.register_autograd("flexsn_dsl::fused_forward", _fused_autograd, setup_context=_setup_context)
@@ -317,28 +384,40 @@ def register(compiled: Compiled) -> str:
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
                params: dict[str, torch.Tensor], store_seqs: bool):
     """Run T steps with the generated kernels; returns (outputs, final states, state sequences).
-    Empty ``states``: start from the spec's constant initial values."""
-    model = compiled.model
-    dtype = _torch_compute_dtype(inputs[0].dtype)
-    param_list = [params[n].to(device=inputs[0].device, dtype=dtype).reshape(()) for n in model.learnable]
+    Empty ``states``: start from the spec's constant initial values. ``params`` holds every runtime
+    parameter (learnable scalars, and shaped ones that broadcast to a step)."""
+    model = compiled.model  # (not INFO, which imports the kernels: nothing to trace under torch.compile)
+    scalars = [n for n in model.learnable if not model.parameters[n].shaped]  # INFO.scalar_params
+    like = inputs[0]
+    dtype = _torch_compute_dtype(like.dtype)
+    param_list = [params[n].to(device=like.device, dtype=dtype).reshape(()) for n in scalars]
+    shaped, layout = [], []
+    for name in model.shaped:
+        values, inner, size = shaped_view(params[name].to(device=like.device, dtype=dtype), like.shape[1:])
+        shaped.append(values)
+        layout += [inner, size]
     n_out, n_st = len(model.outputs), len(model.states)
     if torch.compiler.is_compiling():  # opaque custom operators; registered by FlexSN.__init__
-        results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_list)
+        results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_list, shaped,
+                                layout)
         seqs = list(results[len(results) - 2 * n_st:len(results) - n_st]) if store_seqs else []
         return list(results[:n_out]), list(results[len(results) - n_st:]), seqs
     launch_settings()  # a bad setting is an error even for calls that launch nothing (T=0)
-    kernels = _kernels(compiled, inputs[0].device.type)
+    kernels = _kernels(compiled, like.device.type)
     zero = kernels.info.zero_grads  # not in the graph: no gradient (None), as on the torch backend
     inputs = [x.detach() if name in zero else x for name, x in zip(model.inputs, inputs)]
-    param_vec = _stack([p.detach() if name in zero else p for name, p in zip(model.learnable, param_list)])
+    param_vec = _stack([p.detach() if name in zero else p for name, p in zip(scalars, param_list)])
+    shaped = [v.detach() if name in zero else v for name, v in zip(model.shaped, shaped)]
     tensors = [*inputs, *states]
     needs_grad = torch.is_grad_enabled() and (
-        any(t.requires_grad for t in tensors) or (param_vec is not None and param_vec.requires_grad))
+        any(t.requires_grad for t in (*tensors, *shaped)) or (param_vec is not None and param_vec.requires_grad))
     if not needs_grad:
         with torch.no_grad():
-            outs, _, seqs, finals, _ = _forward(kernels, list(inputs), states, param_vec, False, store_seqs)
+            outs, _, seqs, finals, _ = _forward(kernels, list(inputs), states, param_vec, shaped, layout, False,
+                                                store_seqs)
         return outs, finals, seqs
-    results = _TritonSteps.apply(kernels, store_seqs, len(inputs), param_vec, *tensors)
+    results = _TritonSteps.apply(kernels, store_seqs, len(inputs), tuple(layout), len(shaped), param_vec, *shaped,
+                                 *tensors)
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
     finals = list(results[len(results) - n_st:])

@@ -234,8 +234,9 @@ def test_load_returns_module_with_contract_api():
     assert isinstance(named["beta"], nn.Parameter) and named["beta"].requires_grad
     assert _val(named["beta"]) == pytest.approx(0.5)
     assert m.beta is named["beta"]
-    assert set(m.state_dict()) == {"beta"}
-    # constants are no parameters
+    # every parameter is in the state dict; constants are float64 0-dim buffers, no parameters
+    assert set(m.state_dict()) == {"beta", "tau_m", "tau_a", "v_th", "v_reset"}
+    assert m.tau_m.dtype == torch.float64 and m.tau_m.shape == () and not m.tau_m.requires_grad
     assert dict(flexsn_dsl.load(NEURONS / "lif.yaml").named_parameters()) == {}
 
     xs = _inputs("alif", 6, (3, 4), dtype=torch.float32)
@@ -484,7 +485,7 @@ def test_state_dict_round_trip():
     with torch.no_grad():
         m1.w.fill_(-0.4)
     sd = m1.state_dict()
-    assert set(sd) == {"w"} and float(sd["w"]) == pytest.approx(-0.4)
+    assert set(sd) == {"w", "v_th", "v_reset"} and float(sd["w"]) == pytest.approx(-0.4)
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)

@@ -60,7 +60,7 @@ def _spec_path(name: str) -> Path:
 
 
 def _load(name: str, backend: str, **kwargs):
-    m = flexsn_dsl.load(str(_spec_path(name)), backend=backend, **kwargs)
+    m = flexsn_dsl.load(str(_spec_path(name)), backend=backend, sizes=zr.REFERENCES[name].sizes, **kwargs)
     assert isinstance(m, torch.nn.Module)
     return m.to(DTYPE)
 
@@ -81,14 +81,19 @@ def _call(m, ref, xs):
     return dict(zip(ref.outputs, ys))
 
 
+def _shape(name) -> tuple:
+    """The shape of one step of the inputs: the spec's own where its parameters have a shape."""
+    return zr.REFERENCES[name].step_shape or SHAPE
+
+
 def _inputs(name, seed=None, requires_grad=False):
-    xs = zr.make_inputs(name, T, SHAPE, seed=seed, dtype=DTYPE)
+    xs = zr.make_inputs(name, T, _shape(name), seed=seed, dtype=DTYPE)
     return {k: v.clone().requires_grad_(requires_grad) for k, v in xs.items()}
 
 
 def _twin_inputs(name, seed=None):
     """The same inputs twice, as separate leaves (module side, reference side)."""
-    xs = zr.make_inputs(name, T, SHAPE, seed=seed, dtype=DTYPE)
+    xs = zr.make_inputs(name, T, _shape(name), seed=seed, dtype=DTYPE)
     return (
         {k: v.clone().requires_grad_(True) for k, v in xs.items()},
         {k: v.clone().requires_grad_(True) for k, v in xs.items()},
@@ -99,7 +104,7 @@ def _module_params(m, ref, expected=None):
     """The learnable parameters of ``m``, checked against the spec.
 
     Returns ``(named, leaves)``: ``named`` the module's parameters by name, and
-    ``leaves`` float64 0-dim copies with requires_grad for the reference.
+    ``leaves`` float64 copies (0-dim, or of the parameter's shape) with requires_grad for the reference.
     """
     named = dict(m.named_parameters())
     assert set(named) == set(ref.learnable), (
@@ -109,13 +114,14 @@ def _module_params(m, ref, expected=None):
     leaves = {}
     for k in ref.learnable:
         p = named[k]
-        assert p.numel() == 1, f"parameter {k} should be a scalar, got shape {tuple(p.shape)}"
+        shape = ref.param_shapes.get(k, ())
+        assert tuple(p.shape) == shape, f"parameter {k} should have shape {shape}, got {tuple(p.shape)}"
         torch.testing.assert_close(
-            p.detach().reshape(()).to(DTYPE), torch.tensor(expected[k], dtype=DTYPE),
+            p.detach().to(DTYPE), torch.full(shape, expected[k], dtype=DTYPE, device=p.device),
             **PARAM_VALUE_TOL,
         )
         # the reference uses the module's exact value (it may have been rounded to float32)
-        leaves[k] = p.detach().reshape(()).to(DTYPE).clone().requires_grad_(True)
+        leaves[k] = p.detach().to(DTYPE).clone().requires_grad_(True)
     return named, leaves
 
 
@@ -172,7 +178,7 @@ def test_zoo_matches_reference(path, backend):
     assert name in zr.REFERENCES, f"{path.name} has no reference in tests/zoo_reference.py"
     ref = zr.REFERENCES[name]
 
-    m = flexsn_dsl.load(str(path), backend=backend).to(DTYPE)
+    m = _load(name, backend)
     named, leaves = _module_params(m, ref)
     xs_m, xs_r = _twin_inputs(name)
 
@@ -180,7 +186,7 @@ def test_zoo_matches_reference(path, backend):
     outs_m = _call(m, ref, xs_m)
     outs_r, states_r = zr.run_reference(name, xs_r, leaves)
     for k in ref.outputs:
-        assert outs_m[k].shape == (T, *SHAPE), f"output {k}: shape {tuple(outs_m[k].shape)}"
+        assert outs_m[k].shape == (T, *_shape(name)), f"output {k}: shape {tuple(outs_m[k].shape)}"
         assert outs_m[k].dtype == DTYPE, f"output {k}: dtype {outs_m[k].dtype}"
         torch.testing.assert_close(outs_m[k], outs_r[k], **FWD_TOL, msg=lambda s, k=k: f"output {k}: {s}")
     _check_spikes(ref, outs_m)
@@ -212,9 +218,10 @@ def test_zoo_matches_reference(path, backend):
     for k, g_r in zip(ref.learnable, grads_r[len(ref.inputs):]):
         g_m = named[k].grad
         assert g_m is not None, f"learnable parameter {k} got no gradient"
-        assert g_r.abs() > 0
+        assert bool((g_r.abs() > 0).all())
+        assert g_m.shape == named[k].shape
         torch.testing.assert_close(
-            g_m.reshape(()).to(DTYPE), g_r, **GRAD_TOL, msg=lambda s, k=k: f"grad of parameter {k}: {s}"
+            g_m.to(DTYPE), g_r, **GRAD_TOL, msg=lambda s, k=k: f"grad of parameter {k}: {s}"
         )
 
 
@@ -236,7 +243,7 @@ def test_single_step_mode_equals_multi_step(name, backend):
     for t in range(T):
         o = _call(m_s, ref, {k: xs_s[k][t] for k in ref.inputs})
         for k in ref.outputs:
-            assert o[k].shape == SHAPE
+            assert o[k].shape == _shape(name)
         steps.append(o)
     outs_s = {k: torch.stack([o[k] for o in steps]) for k in ref.outputs}
 
@@ -301,7 +308,7 @@ def test_store_state_seqs(name, backend):
     assert set(m.state_seqs) == set(ref.states)
     for k in ref.states:
         seq = m.state_seqs[k]
-        assert tuple(seq.shape) == (T, *SHAPE), f"state_seqs[{k}]: shape {tuple(seq.shape)}"
+        assert tuple(seq.shape) == (T, *_shape(name)), f"state_seqs[{k}]: shape {tuple(seq.shape)}"
         torch.testing.assert_close(seq, seqs_r[k], **FWD_TOL)
         torch.testing.assert_close(seq[-1], m.states[k], **FWD_TOL)
     for k in ref.outputs:

@@ -156,6 +156,11 @@ class Reference:
     step: StepFn
     # per-input uniform range for the tests' random inputs; default (0, 1.5)
     input_ranges: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    # parameters with a shape: their shape with the tests' sizes; the sizes; the shape of one
+    # step of the tests' inputs (None: the tests' default)
+    param_shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+    sizes: Dict[str, int] = field(default_factory=dict)
+    step_shape: Optional[Tuple[int, ...]] = None
 
     @property
     def states(self) -> Tuple[str, ...]:
@@ -223,6 +228,20 @@ def _step_plif(i, st, p):
     h = v + (i["x"] - (v - p["v_reset"])) * inv_tau
     s = spike(h - p["v_th"], "sigmoid", alpha=4.0)
     return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
+# --- plif_channel: plif with one w per channel of [B, C, H, W] ---------------
+def _step_plif_channel(i, st, p):
+    return _step_plif(i, st, p)  # w is a [C, 1, 1] tensor: it broadcasts over B, H and W
+
+
+# --- lif_hetero: alpha = exp(-dt / tau), tau per neuron (Perez-Nieves et al.) --
+def _step_lif_hetero(i, st, p):
+    v = st["v"]
+    alpha = torch.exp(-p["dt"] / torch.as_tensor(p["tau"], dtype=v.dtype))
+    h = alpha * v + (1.0 - alpha) * i["x"]
+    s = spike(h - p["v_th"], "fast_sigmoid", slope=25.0)
+    return {"s": s}, {"v": h * (1.0 - s)}
 
 
 # --- qif: SJ QIFNode defaults ---------------------------------------------
@@ -390,6 +409,24 @@ _add(Reference(
     params={"w": 0.0, "v_th": 1.0, "v_reset": 0.0}, learnable=("w",),
     surrogate="sigmoid(alpha=4)", step=_step_plif,
     input_ranges={"x": (0.0, 2.0)},
+))
+_add(Reference(
+    name="plif_channel", model="ParametricLIFNode with one learnable w per channel",
+    inputs=("x",), state_init={"v": _param("v_reset")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"init_tau": 2.0, "w": 0.0, "v_th": 1.0, "v_reset": 0.0}, learnable=("w",),
+    surrogate="sigmoid(alpha=4)", step=_step_plif_channel,
+    input_ranges={"x": (0.0, 2.0)},
+    param_shapes={"w": (3, 1, 1)}, sizes={"C": 3}, step_shape=(2, 3, 4, 5),
+))
+_add(Reference(
+    name="lif_hetero", model="LIF with one learnable tau per neuron (Perez-Nieves et al. 2021)",
+    inputs=("x",), state_init={"v": _const(0.0)},
+    outputs=("s",), spike_outputs=("s",),
+    params={"dt": 1.0, "tau": 20.0, "v_th": 1.0}, learnable=("tau",),
+    surrogate="fast_sigmoid(slope=25)", step=_step_lif_hetero,
+    input_ranges={"x": (0.0, 8.0)},
+    param_shapes={"tau": (7,)}, sizes={"N": 7}, step_shape=(3, 7),
 ))
 _add(Reference(
     name="qif", model="SpikingJelly QIFNode",

@@ -1,0 +1,281 @@
+"""Parameters with a shape (language v2, section 2): per-channel and per-neuron values,
+learnable or fixed, on both backends against a hand-written torch loop in float64;
+sizes, params= tensors, broadcast errors, checkpoints, determinism, torch.compile."""
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+import flexsn_dsl
+from flexsn_dsl import ShapeError, SpecError
+from flexsn_dsl.cli import main as cli_main
+
+BACKENDS = ["torch", "triton"]
+F64 = torch.float64
+TIGHT = dict(rtol=1e-10, atol=1e-12)
+
+# tau: learnable, shaped; v_th: fixed, shaped, an expression of the scalar `base`; k: a learnable scalar
+SPEC = """
+neuron: shaped_lif
+parameters:
+  tau: {{value: 2.0, learnable: true, shape: {shape}}}
+  v_th: {{value: 0.5 + base, shape: {shape}}}
+  base: 0.4
+  k: {{value: 1.0, learnable: true}}
+states: {{v: 0.0}}
+step:
+  h: v + (k * x - v) / tau
+  s: spike(h - v_th)
+  v: h * (1 - s)
+"""
+
+# (spec shape, sizes, input shape [T, ...], parameter shape): per channel, per neuron, and a parameter
+# that varies over two dimensions with one it broadcasts over between them. Each input has more
+# neurons per step than one interpreter block (1024) and is not a multiple of it.
+CASES = {
+    "channel": ("[C, 1, 1]", {"C": 5}, (3, 3, 5, 9, 11), (5, 1, 1)),
+    "neuron": ("[N]", {"N": 517}, (4, 3, 517), (517,)),
+    "channel_width": ("[C, 1, W]", {"C": 3, "W": 7}, (3, 7, 3, 11, 7), (3, 1, 7)),
+}
+
+
+def _sg(x: torch.Tensor) -> torch.Tensor:
+    """The sigmoid surrogate (alpha = 4), written out."""
+    s = torch.sigmoid(4.0 * x)
+    return 4.0 * s * (1.0 - s)
+
+
+class _Spike(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u):
+        ctx.save_for_backward(u)
+        return (u >= 0).to(u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (u,) = ctx.saved_tensors
+        return grad * _sg(u)
+
+
+def reference(x, tau, v_th, k):
+    """The spec's step, by hand: torch broadcasting of the parameters against each step."""
+    v = torch.zeros_like(x[0])
+    out = []
+    for t in range(x.shape[0]):
+        h = v + (k * x[t] - v) / tau
+        s = _Spike.apply(h - v_th)
+        v = h * (1 - s)
+        out.append(s)
+    return torch.stack(out), v
+
+
+def _values(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    tau = 1.5 + 2.5 * torch.rand(shape, generator=gen, dtype=F64)
+    v_th = 0.6 + 0.6 * torch.rand(shape, generator=gen, dtype=F64)
+    x = 2.0 * torch.rand(CASE_INPUT[shape], generator=gen, dtype=F64) if shape in CASE_INPUT else None
+    return tau, v_th, x
+
+
+CASE_INPUT = {param: inp for _, _, inp, param in CASES.values()}
+
+
+def _build(case, backend, **kwargs):
+    shape, sizes, _, _ = CASES[case]
+    return flexsn_dsl.loads(SPEC.format(shape=shape), sizes=sizes, backend=backend, **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+def test_values_and_gradients_match_a_torch_loop(case, backend):
+    _, _, inp, pshape = CASES[case]
+    tau, v_th, x = _values(pshape, seed=1)
+    m = _build(case, backend, params={"tau": tau, "v_th": v_th, "k": 1.3}).double()
+    assert m.tau.shape == pshape and isinstance(m.tau, torch.nn.Parameter)
+    assert m.v_th.shape == pshape and not m.v_th.requires_grad and "v_th" in dict(m.named_buffers())
+    xm, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    tau_r, k_r = tau.clone().requires_grad_(), m.k.detach().clone().requires_grad_()  # k: rounded to float32
+    s_m = m(xm)
+    s_r, v_r = reference(xr, tau_r, v_th, k_r)
+    torch.testing.assert_close(s_m, s_r, rtol=0, atol=0)
+    assert 0 < int(s_m.sum()) < s_m.numel()
+    torch.testing.assert_close(m.states["v"], v_r, **TIGHT)
+    gen = torch.Generator().manual_seed(2)
+    w_s, w_v = torch.randn(s_r.shape, generator=gen, dtype=F64), torch.randn(v_r.shape, generator=gen, dtype=F64)
+    ((w_s * s_m).sum() + (w_v * m.states["v"]).sum()).backward()
+    g_x, g_tau, g_k = torch.autograd.grad((w_s * s_r).sum() + (w_v * v_r).sum(), [xr, tau_r, k_r])
+    torch.testing.assert_close(xm.grad, g_x, **TIGHT)
+    assert m.tau.grad.shape == pshape and bool((g_tau != 0).all())
+    torch.testing.assert_close(m.tau.grad, g_tau, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(m.k.grad, g_k, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_step_mode_and_states_from_a_shaped_parameter(backend):
+    """step_mode='s' broadcasts against the step itself; a state may start from a shaped parameter."""
+    text = SPEC.format(shape="[N]").replace("states: {v: 0.0}", "states: {v: v_th - 1}")
+    tau, v_th, x = _values((517,), seed=3)
+    x = x[:, :2]
+    m = flexsn_dsl.loads(text, params={"tau": tau, "v_th": v_th}, step_mode="s", backend=backend).double()
+    got = torch.stack([m(x[t]) for t in range(x.shape[0])])
+    v = (v_th - 1).expand(x.shape[1:])
+    expected = []
+    for t in range(x.shape[0]):
+        h = v + (x[t] - v) / tau
+        s = (h >= v_th).to(F64)
+        v = h * (1 - s)
+        expected.append(s)
+    torch.testing.assert_close(got, torch.stack(expected), rtol=0, atol=0)
+    torch.testing.assert_close(m.states["v"], v, **TIGHT)
+
+
+def test_triton_gradients_are_deterministic():
+    _, _, inp, pshape = CASES["channel"]
+    tau, v_th, x = _values(pshape, seed=4)
+    grads = []
+    for _ in range(2):
+        m = _build("channel", "triton", params={"tau": tau, "v_th": v_th}).double()
+        m(x).sum().backward()
+        grads.append(m.tau.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_that_cannot_broadcast_names_the_parameter(backend):
+    m = _build("channel", backend)
+    with pytest.raises(ShapeError, match=r"'tau' has shape \[5, 1, 1\].*\[2, 4, 3, 3\]"):
+        m(torch.rand(2, 2, 4, 3, 3))
+    with pytest.raises(ShapeError, match="'tau'"):
+        m(torch.rand(2, 5))  # fewer dimensions than the parameter
+    assert m.states == {}  # nothing ran
+    assert isinstance(ShapeError("x"), ValueError)
+
+
+def test_sizes_and_params_tensors():
+    text = SPEC.format(shape="[C, 1, 1]")
+    with pytest.raises(SpecError, match="size 'C' of parameter 'tau'") as exc:
+        flexsn_dsl.loads(text)
+    assert exc.value.line == 4 and "sizes=" in exc.value.hint
+    with pytest.raises(SpecError, match="'D'.*no parameter"):
+        flexsn_dsl.loads(text, sizes={"C": 2, "D": 3})
+    with pytest.raises(SpecError, match="positive whole number"):
+        flexsn_dsl.loads(text, sizes={"C": 0})
+    # a tensor fixes the size; both shaped parameters then have it
+    m = flexsn_dsl.loads(text, params={"tau": torch.full((6, 1, 1), 3.0)})
+    assert m.tau.shape == m.v_th.shape == (6, 1, 1)
+    with pytest.raises(ShapeError, match=r"params\['tau'\] has shape \[6, 1, 1\].*C = 4 \(from sizes=\)"):
+        flexsn_dsl.loads(text, sizes={"C": 4}, params={"tau": torch.ones(6, 1, 1)})
+    with pytest.raises(ShapeError, match=r"params\['tau'\] has shape \[6\]"):
+        flexsn_dsl.loads(text, params={"tau": torch.ones(6)})
+    with pytest.raises(ShapeError, match=r"params\['v_th'\].*C = 6 \(from params\['tau'\]\)"):
+        flexsn_dsl.loads(text, params={"tau": torch.ones(6, 1, 1), "v_th": torch.ones(5, 1, 1)})
+    with pytest.raises(ShapeError, match="'k'.*scalar"):
+        flexsn_dsl.loads(text, sizes={"C": 2}, params={"k": torch.ones(2)})
+    with pytest.raises(SpecError, match="'tua'.*not a parameter"):
+        flexsn_dsl.loads(text, sizes={"C": 2}, params={"tua": torch.ones(2, 1, 1)})
+    # numbers: a shaped value everywhere; a scalar's one-element tensor is its value
+    m = flexsn_dsl.loads(text, sizes={"C": 2}, params={"tau": 4.0, "k": torch.tensor([0.5]), "base": 0.1})
+    assert torch.equal(m.tau.detach(), torch.full((2, 1, 1), 4.0)) and float(m.k.detach()) == 0.5
+    assert torch.allclose(m.v_th, torch.full((2, 1, 1), 0.6, dtype=m.v_th.dtype))  # 0.5 + base, base overridden
+
+
+def test_shaped_values_are_numbers_or_expressions_of_scalars():
+    text = SPEC.format(shape="[N]")
+    m = flexsn_dsl.loads(text, sizes={"N": 3})
+    assert torch.allclose(m.v_th, torch.full((3,), 0.9, dtype=m.v_th.dtype))
+    with pytest.raises(SpecError, match="shaped parameter 'tau'") as exc:
+        flexsn_dsl.loads(text.replace("0.5 + base", "tau + base"), sizes={"N": 3})
+    assert exc.value.line == 5
+    with pytest.raises(SpecError, match="not a finite real number") as exc:
+        flexsn_dsl.loads(text.replace("0.5 + base", "1 / (base - 0.4)"), sizes={"N": 3})
+    with pytest.raises(SpecError, match="size"):
+        flexsn_dsl.loads(text.replace("[N]", "[0]"))
+    with pytest.raises(SpecError, match="size"):
+        flexsn_dsl.loads(text.replace("[N]", "[n]"), sizes={"N": 3})
+    with pytest.raises(SpecError, match="unknown key 'shap'"):
+        flexsn_dsl.loads(text.replace("shape: [N]}", "shap: [N]}", 1), sizes={"N": 3})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoints_round_trip_and_respecialise_constants(backend):
+    _, _, inp, pshape = CASES["channel"]
+    tau, v_th, x = _values(pshape, seed=5)
+    x = x[:, :1]
+    m1 = _build("channel", backend, params={"tau": tau, "v_th": v_th, "base": 0.7}).double()
+    sd = m1.state_dict()
+    assert set(sd) == {"tau", "v_th", "base", "k"}
+    assert sd["base"].dtype == F64 and sd["base"].shape == () and float(sd["base"]) == 0.7
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    m2 = _build("channel", backend).double()  # other tau, v_th and base
+    m2.load_state_dict(torch.load(buf))
+    assert m2._compiled.values["base"] == 0.7  # the baked constant was re-specialised
+    with torch.no_grad():
+        y1, y2 = m1(x), m2(x)
+    assert torch.equal(y1, y2)
+    # a constant that reaches the code: changing it by a state dict equals building with it
+    text = SPEC.format(shape="[C, 1, 1]").replace("h: v + (k * x - v) / tau", "h: v + (k * x - v) / tau + base")
+    built = flexsn_dsl.loads(text, sizes={"C": 5}, backend=backend, params={"base": -0.3}).double()
+    loaded = flexsn_dsl.loads(text, sizes={"C": 5}, backend=backend).double()
+    loaded.load_state_dict(built.state_dict())
+    assert float(loaded.base) == -0.3 and torch.equal(loaded.v_th, built.v_th)  # v_th = 0.5 + base was built
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), built(x), rtol=0, atol=0)
+        torch.testing.assert_close(loaded.states["v"], built.states["v"], rtol=0, atol=0)
+    # converting the module keeps the constants exact and float64
+    assert loaded.half().base.dtype == F64 and float(loaded.base) == -0.3
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        flexsn_dsl.loads(text, sizes={"C": 4}).load_state_dict(sd)
+
+
+def test_torch_compile_fullgraph_on_both_backends():
+    _, _, inp, pshape = CASES["neuron"]
+    tau, v_th, x = _values(pshape, seed=6)
+    x = x[:2, :2]
+    results = []
+    for backend in BACKENDS:
+        m = _build("neuron", backend, params={"tau": tau, "v_th": v_th}).double()
+        for module in (m, torch.compile(m, fullgraph=True)):
+            m.reset()
+            m.tau.grad = None
+            xi = x.clone().requires_grad_()
+            y = module(xi)
+            (y * torch.arange(y.numel(), dtype=F64).reshape(y.shape)).sum().backward()
+            results.append((y.detach(), xi.grad, m.tau.grad.clone()))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_generated_kernels_read_shaped_parameters_by_index():
+    from flexsn_dsl.compiler import compile_spec
+    compiled = compile_spec(text=SPEC.format(shape="[C, 1, 1]"))
+    info = compiled.info
+    assert info.param_names == ("tau", "k") and info.fixed_names == ("v_th",)
+    assert info.shaped_names == ("tau", "v_th") and info.scalar_params == ("k",)
+    assert info.constants == {"base": 0.4}
+    source = compiled.triton_source
+    assert "tau = tl.load(tau__param + (_offs // tau__inner) % tau__size)" in source
+    assert "tl.atomic" not in source and "tau__grad" in source and "v_th__grad" not in source
+
+
+def test_cli_sizes(capsys, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC.format(shape="[C, 1, 1]"))
+    assert cli_main(["show", str(spec), "--size", "C=64"]) == 0
+    assert "parameter tau = 2.0, shape [64, 1, 1] (learnable)" in capsys.readouterr().out
+    assert cli_main(["check", str(spec), "--size", "C=64"]) == 0
+    assert cli_main(["check", str(spec), "--size", "D=64"]) == 1
+    assert "'D'" in capsys.readouterr().err
+    assert cli_main(["check", str(spec), "--size", "C=x"]) == 1
+    assert "NAME=WHOLE_NUMBER" in capsys.readouterr().err
+    assert cli_main(["build", str(spec), "--size", "C=3", "-o", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "shaped_lif.py").exists()
+    out = tmp_path / "bench.json"
+    assert cli_main(["bench", str(spec), "--size", "C=3", "--shape", "2", "3", "4", "5", "-T", "2",
+                     "--peers", "torch", "--mode", "training", "--json", str(out)]) == 0
+    assert math.prod((2, 3, 4, 5)) == __import__("json").loads(out.read_text())[-1]["results"][0]["neurons"]
