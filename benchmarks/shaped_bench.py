@@ -1,0 +1,114 @@
+"""Shaped parameters at the speed of scalars: training time and peak memory of a spec with a
+per-channel or per-neuron learnable parameter against the same spec with that parameter scalar.
+
+Targets (issue 11, on the H200): per-channel PLIF (neurons/plif_channel.yaml), T=8, input
+[8, 32, 128, 32, 32], within 1.10x the graph time of the scalar version and <= 1.2x its memory
+floor; per-neuron LIF (neurons/lif_hetero.yaml), T=64, [64, 16, 65536], within 1.10x; peak
+training memory no more than the scalar version's plus the parameter and its gradient.
+
+    python benchmarks/shaped_bench.py                 # the GPU targets
+    python benchmarks/shaped_bench.py --quick         # small shapes: runs anywhere (CPU: interpreter)
+
+The scalar twin is the same spec text with the parameter scalar (its initial value, no ``shape``). Both run the Triton
+backend; before timing, the shaped module with every element equal to the scalar is checked
+against the scalar one (outputs, input gradients, and the parameter gradient summed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+import flexsn_dsl
+from flexsn_dsl.bench import _graph_timer, _peak, _timer, copy_bandwidth, floor_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+# (spec, shaped parameter, sizes, input shape [T, ...]) for the targets and for --quick
+CASES = [("plif_channel", "w", {"C": 128}, (8, 32, 128, 32, 32)),
+         ("lif_hetero", "tau", {"N": 65536}, (64, 16, 65536))]
+QUICK = [("plif_channel", "w", {"C": 6}, (4, 2, 6, 5, 7)),
+         ("lif_hetero", "tau", {"N": 33}, (6, 3, 33))]
+
+
+def _modules(spec: str, param: str, sizes: dict, device):
+    text = (ROOT / "neurons" / f"{spec}.yaml").read_text()
+    shaped = flexsn_dsl.loads(text, sizes=sizes, backend="triton", filename=f"{spec}.yaml").to(device)
+    value = shaped._compiled.values[param]  # the initial value of every element
+    scalar_text, count = re.subn(rf"\n  {param}: \{{.*\}}\n", f"\n  {param}: {{value: {value!r}, learnable: true}}\n",
+                                 text)
+    assert count == 1, f"cannot find parameter {param!r} in {spec}.yaml"
+    scalar = flexsn_dsl.loads(scalar_text, backend="triton", filename=f"{spec}_scalar.yaml").to(device)
+    return shaped, scalar
+
+
+def _training(module, x):
+    params = [p for p in module.parameters() if p.requires_grad]
+    g = torch.randn_like(x)
+
+    def run():
+        module.reset()
+        y = module(x)
+        return torch.autograd.grad(y, [x, *params], g)
+    return run
+
+
+def _check(shaped, scalar, x, param: str) -> float:
+    """Largest difference between the shaped module (all elements equal) and the scalar one."""
+    torch.manual_seed(0)
+    a = _training(shaped, x)()
+    torch.manual_seed(0)
+    b = _training(scalar, x)()
+    diffs = [(a[0] - b[0]).abs().max().item(), abs(a[1].sum().item() - b[1].item()) / max(abs(b[1].item()), 1e-30)]
+    return max(diffs)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run; CPU works)")
+    parser.add_argument("--json", metavar="FILE", help="write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    timer, graph_timer = _timer(device), _graph_timer(device)
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    for spec, param, sizes, shape in (QUICK if args.quick else CASES):
+        shaped, scalar = _modules(spec, param, sizes, device)
+        x = (torch.rand(shape, device=device) * (2.0 if spec == "plif_channel" else 8.0)).requires_grad_()
+        T, n = shape[0], math.prod(shape[1:])
+        floor_ms = floor_bytes(scalar.info, T, n, x.element_size(), "training") / bandwidth * 1e3
+        diff = _check(shaped, scalar, x, param)
+        results = {}
+        for label, module in (("scalar", scalar), ("shaped", shaped)):
+            run = _training(module, x)
+            run()
+            ms = timer(run)
+            graph_ms = graph_timer(run) if graph_timer else None
+            peak = _peak(device, run)
+            results[label] = dict(ms=ms, graph_ms=graph_ms, peak_mib=peak)
+        p = getattr(shaped, param)
+        allowed_mib = 2 * p.numel() * p.element_size() / 2 ** 20  # the parameter and its gradient
+        best = {k: (v["graph_ms"] or v["ms"]) for k, v in results.items()}
+        row = dict(spec=spec, shape=list(shape), param=param, param_shape=list(p.shape), floor_ms=floor_ms,
+                   check_max_diff=diff, **{f"{k}_{m}": v for k, r in results.items() for m, v in r.items()},
+                   time_ratio=best["shaped"] / best["scalar"], floor_ratio=best["shaped"] / floor_ms,
+                   extra_peak_mib=(results["shaped"]["peak_mib"] - results["scalar"]["peak_mib"])
+                   if device.type == "cuda" else None, allowed_extra_mib=allowed_mib)
+        rows.append(row)
+        peak = "" if row["extra_peak_mib"] is None else \
+            f", peak +{row['extra_peak_mib']:.2f} MiB (parameter + gradient {allowed_mib:.2f} MiB)"
+        print(f"{spec:13s} {str(list(shape)):24s} scalar {best['scalar']:9.4f} ms  shaped {best['shaped']:9.4f} ms  "
+              f"ratio {row['time_ratio']:.3f}  floor {floor_ms:.4f} ms ({row['floor_ratio']:.2f}x){peak}  "
+              f"check {diff:.1e}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name() if device.type == "cuda"
+                                               else "cpu", "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
