@@ -151,7 +151,8 @@ def resolve_shapes(model: NeuronModel, sizes: dict[str, int] | None, tensor_shap
     for name, value in (sizes or {}).items():
         if name not in used:
             hint = closest(str(name), used)
-            raise SpecError(f"{model.file}: sizes= names {name!r}, which no parameter's shape of {model.name!r} uses",
+            raise SpecError(f"{model.file}: size {name!r} (sizes= or --size) is named by no parameter's shape of "
+                            f"{model.name!r}",
                             hint=hint or (f"size names: {', '.join(sorted(used))}" if used else
                                           "this spec has no shaped parameters: leave sizes out"))
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
