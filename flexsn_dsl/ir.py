@@ -144,20 +144,17 @@ def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
 def resolve_shapes(model: NeuronModel, sizes: dict[str, int] | None, tensor_shapes: dict[str, tuple[int, ...]],
                    require: bool = True) -> dict[str, tuple[int, ...]]:
     """Each shaped parameter's shape, its size names taken from ``sizes`` or fixed by the shape of a
-    tensor given for it (``tensor_shapes``). An unknown size name is a SpecError, and so is a size
-    left unknown when ``require``; a tensor that does not fit is a ShapeError."""
-    used = {d for p in model.parameters.values() if p.shaped for d in p.shape if isinstance(d, str)}
+    tensor given for it (``tensor_shapes``). ``sizes`` may name sizes the spec does not use (one
+    dict for every layer of a network); a size that is not a positive whole number is a SpecError,
+    and so is a size left unknown when ``require``; a tensor that does not fit is a ShapeError."""
+    if sizes is not None and not isinstance(sizes, Mapping):
+        raise SpecTypeError(f"sizes= must be a dict of size name -> whole number, not {type(sizes).__name__}",
+                            hint="e.g. sizes={'C': 64}")
     known: dict[str, tuple[int, str]] = {}  # size name -> (value, where it came from)
     for name, value in (sizes or {}).items():
-        if name not in used:
-            hint = closest(str(name), used)
-            raise SpecError(f"{model.file}: size {name!r} (sizes= or --size) is named by no parameter's shape of "
-                            f"{model.name!r}",
-                            hint=hint or (f"size names: {', '.join(sorted(used))}" if used else
-                                          "this spec has no shaped parameters: leave sizes out"))
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise SpecError(f"size {name!r} must be a positive whole number, got {value!r}", hint=f"e.g. {name}=64")
-        known[name] = (value, "sizes=")
+        known[name] = (int(value), "sizes=")
     for name, shape in tensor_shapes.items():
         spec_shape = model.parameters[name].shape
         if len(shape) != len(spec_shape):
@@ -177,8 +174,12 @@ def resolve_shapes(model: NeuronModel, sizes: dict[str, int] | None, tensor_shap
             continue
         missing = [d for d in p.shape if isinstance(d, str) and d not in known]
         if missing and require:
+            near = [str(n) for n in sizes or {} if str(n).lower() == missing[0].lower()]
+            near = f"sizes are named with capitals: did you mean {missing[0]!r} for {near[0]!r}? " if near else \
+                closest(missing[0], [str(n) for n in sizes or {}])
             raise SpecError(f"size {missing[0]!r} of parameter {p.name!r} (shape {list(p.shape)}) is not given",
-                            p.pos, f"load(..., sizes={{{missing[0]!r}: 64}}) or --size {missing[0]}=64, or give "
-                            f"params={{{p.name!r}: tensor}}").with_source(model.text.splitlines())
+                            p.pos, (f"{near} " if near else "") + f"give it: load(..., sizes={{{missing[0]!r}: 64}}) "
+                            f"or --size {missing[0]}=64, or params={{{p.name!r}: tensor}}"
+                            ).with_source(model.text.splitlines())
         shapes[p.name] = tuple(d if isinstance(d, int) else known.get(d, (d,))[0] for d in p.shape)
     return shapes

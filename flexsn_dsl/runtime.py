@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -173,7 +173,8 @@ class FlexSN(nn.Module):
         """Every shaped parameter must broadcast to one step of the inputs (trailing dimensions aligned)."""
         for p in self.spec.shaped:
             shape = tuple(getattr(self, p).shape)
-            if len(shape) > len(step) or any(s not in (1, d) for s, d in zip(reversed(shape), reversed(step))):
+            # (s != 1 and s != d, not `s not in (1, d)`: torch.compile would compare symbolic sizes by identity)
+            if len(shape) > len(step) or any(s != 1 and s != d for s, d in zip(reversed(shape), reversed(step))):
                 raise ShapeError(f"{self.spec.name}: parameter {p!r} has shape {list(shape)}, which does not broadcast "
                                  f"against a step of input {name!r}: step shape {list(step)} (input shape "
                                  f"{list(x.shape)}, step_mode={self.step_mode!r}); each of the parameter's "
@@ -350,24 +351,18 @@ def _plugin_paths(plugins: Iterable[str] | str) -> tuple[str, ...]:
 
 
 def _load(source, text, params, step_mode, backend, store_state_seqs, plugins, passes, sizes) -> FlexSN:
-    """Compile with the numbers of ``params`` (a scalar parameter's one-element tensor is a number),
-    then build the module with the shaped parameters' tensors."""
+    """Compile with the numbers of ``params``, then build the module with the shaped parameters' tensors."""
     plugins = _plugin_paths(plugins)
-    params = dict(params or {})
-    tensors = {k: v for k, v in params.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
-    numbers = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in params.items() if k not in tensors}
+    tensors = {k: v for k, v in params.items() if isinstance(v, torch.Tensor) and v.dim() > 0} \
+        if isinstance(params, Mapping) else {}
+    numbers = {k: v for k, v in params.items() if k not in tensors} if tensors else params
     compiled = compile_spec(source, text=text, params=numbers, plugins=plugins, passes=passes)
     model = compiled.model
     check_param_names(model, tensors)
-    scalars = {k: v for k, v in tensors.items() if not model.parameters[k].shaped}
-    for name, value in scalars.items():
-        if value.numel() != 1:
-            raise ShapeError(f"params[{name!r}] has shape {list(value.shape)}, but parameter {name!r} of "
-                             f"{model.name!r} is a scalar: give a number, or declare a `shape` in the spec")
-        numbers[name] = float(value.reshape(()))
-    if scalars:
-        compiled = compile_spec(source, text=text, params=numbers, plugins=plugins, passes=passes)
-    shaped = {k: v for k, v in tensors.items() if k not in scalars}
+    shaped = {k: v for k, v in tensors.items() if model.parameters[k].shaped}
+    if len(shaped) < len(tensors):  # a scalar parameter takes a number (refused with the reason)
+        scalars = {k: v for k, v in tensors.items() if k not in shaped}
+        compiled = compile_spec(source, text=text, params={**numbers, **scalars}, plugins=plugins, passes=passes)
     m = FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs, sizes=sizes,
                values=shaped)
     m._plugin_files = plugins  # so that copies and unpickled modules find the same plugins

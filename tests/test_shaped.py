@@ -159,8 +159,10 @@ def test_sizes_and_params_tensors():
     with pytest.raises(SpecError, match="size 'C' of parameter 'tau'") as exc:
         flexsn_dsl.loads(text)
     assert exc.value.line == 4 and "sizes=" in exc.value.hint
-    with pytest.raises(SpecError, match="'D'.*no parameter"):
-        flexsn_dsl.loads(text, sizes={"C": 2, "D": 3})
+    with pytest.raises(SpecError, match="size 'C' of parameter 'tau'") as exc:
+        flexsn_dsl.loads(text, sizes={"c": 2})
+    assert "'c'" in exc.value.hint  # the near miss
+    assert flexsn_dsl.loads(text, sizes={"C": 2, "D": 3}).tau.shape == (2, 1, 1)  # one sizes= for a whole network
     with pytest.raises(SpecError, match="positive whole number"):
         flexsn_dsl.loads(text, sizes={"C": 0})
     # a tensor fixes the size; both shaped parameters then have it
@@ -172,12 +174,12 @@ def test_sizes_and_params_tensors():
         flexsn_dsl.loads(text, params={"tau": torch.ones(6)})
     with pytest.raises(ShapeError, match=r"params\['v_th'\].*C = 6 \(from params\['tau'\]\)"):
         flexsn_dsl.loads(text, params={"tau": torch.ones(6, 1, 1), "v_th": torch.ones(5, 1, 1)})
-    with pytest.raises(ShapeError, match="'k'.*scalar"):
-        flexsn_dsl.loads(text, sizes={"C": 2}, params={"k": torch.ones(2)})
+    with pytest.raises(TypeError, match=r"params\['k'\] must be a number, not Tensor"):
+        flexsn_dsl.loads(text, sizes={"C": 2}, params={"tau": torch.ones(2, 1, 1), "k": torch.ones(2)})
     with pytest.raises(SpecError, match="'tua'.*not a parameter"):
         flexsn_dsl.loads(text, sizes={"C": 2}, params={"tua": torch.ones(2, 1, 1)})
-    # numbers: a shaped value everywhere; a scalar's one-element tensor is its value
-    m = flexsn_dsl.loads(text, sizes={"C": 2}, params={"tau": 4.0, "k": torch.tensor([0.5]), "base": 0.1})
+    # numbers: a shaped value everywhere; a scalar's 0-dim tensor is its value
+    m = flexsn_dsl.loads(text, sizes={"C": 2}, params={"tau": 4.0, "k": torch.tensor(0.5), "base": 0.1})
     assert torch.equal(m.tau.detach(), torch.full((2, 1, 1), 4.0)) and float(m.k.detach()) == 0.5
     assert torch.allclose(m.v_th, torch.full((2, 1, 1), 0.6, dtype=m.v_th.dtype))  # 0.5 + base, base overridden
 
@@ -269,8 +271,8 @@ def test_cli_sizes(capsys, tmp_path):
     assert cli_main(["show", str(spec), "--size", "C=64"]) == 0
     assert "parameter tau = 2.0, shape [64, 1, 1] (learnable)" in capsys.readouterr().out
     assert cli_main(["check", str(spec), "--size", "C=64"]) == 0
-    assert cli_main(["check", str(spec), "--size", "D=64"]) == 1
-    assert "'D'" in capsys.readouterr().err
+    assert cli_main(["check", str(spec), "--size", "C=0"]) == 1
+    assert "positive whole number" in capsys.readouterr().err
     assert cli_main(["check", str(spec), "--size", "C=x"]) == 1
     assert "NAME=WHOLE_NUMBER" in capsys.readouterr().err
     assert cli_main(["build", str(spec), "--size", "C=3", "-o", str(tmp_path / "out")]) == 0
