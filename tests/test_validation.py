@@ -275,6 +275,8 @@ NAMES = [
     P(simple(param="reset", learnable="true"), 4, 3, "attribute `reset`", id="learnable-reset"),
     P(simple(param="to", learnable="true"), 4, 3, "attribute `to`", id="learnable-to"),
     P(simple(param="spec", learnable="true"), 4, 3, "attribute `spec`", id="learnable-spec"),
+    # every parameter is registered on the module (constants as buffers, for state_dict)
+    P(simple(param="states"), 4, 3, "attribute `states`", id="constant-parameter-named-states"),
     P(simple(outputs="w"), 11, 11, "is a parameter", id="output-constant-parameter"),
     P(simple(outputs="s, w", learnable="true"), 11, 14, "is a parameter", id="output-learnable-parameter"),
     P(simple(neuron="a" * 65), 1, 9, "65 characters long, more than the limit of 64", id="neuron-name-65"),
@@ -300,7 +302,6 @@ def test_names_that_would_clash_are_refused(tmp_path, capsys, text, line, col, f
 
 @pytest.mark.parametrize("text", [
     P(simple(temp="n_forward_cores", state="n_forward", param="m_backward_core"), id="near-generated-names"),
-    P(simple(param="states"), id="constant-parameter-named-states"),
     P(simple(neuron="a" * 64, temp="t" * 128), id="longest-names"),
     P(simple(neuron="torch_neuron", outputs="s, h, x"), id="module-name-prefix"),
 ])
