@@ -354,7 +354,7 @@ def _fused_autograd(ctx, grads):
     shaped = tensors[len(tensors) - ctx.n_shaped:]
     tensors = tensors[:len(tensors) - ctx.n_shaped]
     k, n_in = ctx.n_saved, ctx.n_inputs
-    saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:len(tensors) - ctx.n_params]
+    saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:]
     n_out, n_st = info.num_outputs, info.num_states
     wanted = list(grads[:n_out]) + (list(grads[n_out + k:n_out + k + n_st]) if ctx.store_seqs else []) + \
         list(grads[len(grads) - n_st:])
@@ -366,8 +366,8 @@ def _fused_autograd(ctx, grads):
     scalar_grads = result[n_in + ctx.n_inits]
     grad_params = [None if name in zero else scalar_grads[i] for i, name in enumerate(info.scalar_params)]
     rest = iter(result[n_in + ctx.n_inits + 1:])  # the learnable shaped parameters' gradients
-    grad_shaped = [(None if name in zero else next(rest)) if name in info.param_names else None
-                   for name in info.shaped_names]
+    grad_shaped = [next(rest) if name in info.param_names else None for name in info.shaped_names]
+    grad_shaped = [None if name in zero else g for name, g in zip(info.shaped_names, grad_shaped)]
     # (torch takes a list of ints for one leaf, and an empty list for a list of no tensors)
     return None, None, grad_x, grad_init, grad_params, grad_shaped, None if ctx.layout else []
 
