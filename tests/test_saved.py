@@ -28,9 +28,11 @@ RECORDED = {
     "klif": (("charged",), ("h", "s__u", "s")),
     "leaky": (("mem", "mem__next"), ("b", "spk__u")),
     "lif": (("h",), ("s__u", "s")),
+    "lif_hetero": (("x", "v"), ("alpha", "h", "s__u", "s")),  # (added with it: the exhaustive search's choice)
     "lif_soft": (("s__u",), ()),
     "modulated_lif": (("m", "h", "s1__u"), ("s1", "s2__u", "s2", "v_hard", "v_soft", "gate")),
     "plif": (("x", "v"), ("h", "s__u", "s")),
+    "plif_channel": (("x", "v"), ("h", "s__u", "s")),  # (added with it: the exhaustive search's choice)
     "qif": (("x", "v"), ("h", "s__u", "s")),
     "resonate_fire": (("re_new", "im_new"), ("s__u", "s")),
 }
@@ -43,7 +45,7 @@ def exhaustive(ir: StepIR, backward: Backward) -> tuple[tuple[str, ...], tuple[s
     in (inputs, states, lines) order. Returns (saved names, rerun names)."""
     forward = dict(ir.assignments)
     order = [s for s, _ in ir.assignments]
-    params = set(ir.params)
+    params = set(ir.params) | set(ir.fixed)
     needed = set().union(*(e.free_symbols for _, e in backward.adjoints), *(r.free_symbols for r in backward.results))
     needed &= set(ir.inputs) | set(ir.states) | set(forward)
     candidates, frontier = set(), set(needed)
