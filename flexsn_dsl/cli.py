@@ -6,11 +6,12 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .console import UsageError, escaped_output, parse_params, parse_sizes
-from .errors import MissingDependency, SpecError
+from .errors import MissingDependency, SpecError, SpecWarning
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "info", "module",
@@ -79,12 +80,16 @@ def cmd_check(args) -> int:
     failed = len(problems)
     for path in specs:
         try:
-            compiled = _compile(path, args)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SpecWarning)  # printed below, once, in the same form as errors
+                compiled = _compile(path, args)
         except SpecError as exc:
             failed += 1
             print(exc.format(), file=sys.stderr)
             continue
         m = compiled.model
+        for warning in m.warnings:
+            print(warning.format(), file=sys.stderr)
         print(f"ok  {path}  neuron {m.name}: inputs {m.inputs}, states {list(m.states)}, "
               f"outputs {[n for n, _ in m.outputs]}, surrogate {m.surrogate.name}")
     return 1 if failed else 0
@@ -171,7 +176,18 @@ def cmd_show(args) -> int:
         for s in m.states.values():
             print(f"  state {s.name}: init {s.init}")
         print(f"  surrogate: {m.surrogate.name} {m.surrogate_params}  g(x) = {compiled.ir.surrogate}")
-        print("  step:")
+        c = m.continuous
+        if c is not None:
+            print(f"  equations (method {c.method}):")
+            for eq in c.equations.values():
+                print(f"    d{eq.name}/dt = {eq.expr}")
+            if c.threshold is not None:
+                print(f"  threshold: spike({c.threshold})")
+            for line in c.reset.values():
+                print(f"  reset {line.name}: {line.expr}" + (" (detached)" if c.detach_reset else ""))
+            if c.period is not None:
+                print(f"  refractory: period {c.period}, hold {list(c.hold)}")
+        print("  step:" if c is None else "  derived step (one step of dt):")
         for sym, expr in compiled.ir.assignments:
             print(f"    {sym.name} = {expr}")
         print(f"  outputs: {[n for n, _ in m.outputs]}")

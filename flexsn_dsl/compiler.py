@@ -441,4 +441,7 @@ def compile_spec(source: str | os.PathLike | None = None, *, text: str | None = 
         return _COMPILED.setdefault((*key, fresh.key), fresh)
     if key not in _COMPILED:
         _COMPILED[key] = Compiled(model, values, selected, requested, registry.code)
-    return _COMPILED[key]
+    compiled = _COMPILED[key]
+    if model.continuous is not None:
+        compiled.ir  # noqa: B018 - lower now: a spec the lowering refuses is reported at load/check time
+    return compiled

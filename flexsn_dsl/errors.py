@@ -90,3 +90,18 @@ class MissingDependency(ImportError):
 class ShapeError(ValueError):
     """An input whose shape cannot broadcast against a shaped parameter, or a parameter
     tensor (``params=``, ``load_state_dict``) whose shape does not fit the spec's ``shape``."""
+
+
+class SpecWarning(UserWarning):
+    """A spec that builds, but perhaps not as meant (e.g. a refractory period that is not a
+    whole number of steps); carries the position and a hint like :class:`SpecError`."""
+
+    def __init__(self, message: str, pos: SourcePos | None = None, hint: str = ""):
+        self.message = message
+        self.pos = pos
+        self.hint = hint
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        where = f"{self.pos}: " if self.pos else ""
+        return f"{where}warning: {self.message}" + (f"\n  hint: {self.hint}" if self.hint else "")

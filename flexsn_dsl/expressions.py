@@ -216,9 +216,10 @@ class ExpressionParser:
         self.budget = budget if budget is not None else [MAX_CONDITION_NODES]
         self.nodes = 0
 
-    def parse(self, text: str, locate: Callable[[int, int], SourcePos]) -> sympy.Expr:
+    def parse(self, text: str, locate: Callable[[int, int], SourcePos], comparison: bool = False) -> sympy.Basic:
         """Parse ``text``; ``locate(line, col)`` maps a place in ``text`` (line 1-based,
-        col a 0-based character offset in that line) to the file."""
+        col a 0-based character offset in that line) to the file. With ``comparison``, the
+        whole text may also be one comparison (a sympy relational is returned)."""
         self.locate = locate
         self.text = text
         if len(text) > MAX_EXPR_CHARS:
@@ -244,7 +245,10 @@ class ExpressionParser:
         self._check_size(tree.body)
         token = _BUDGET.set(self.budget)
         try:
-            expr = self._expr(tree.body)
+            if comparison and isinstance(tree.body, ast.Compare):
+                expr = self._condition(tree.body)
+            else:
+                expr = self._expr(tree.body)
         except (RecursionError, MemoryError):
             raise SpecError(f"{self.what} is too complex", self._pos(tree.body),
                             "split it into several step lines") from None

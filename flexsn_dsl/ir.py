@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 import sympy
 
+from .continuous import discrete_steps
 from .errors import ShapeError, SourcePos, SpecError, SpecTypeError
 from .expressions import closest
 from .model import NeuronModel, fold_values
@@ -121,21 +122,22 @@ def resolve_params(model: NeuronModel, overrides: Mapping[str, float] | None) ->
 def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
     """Lower a validated model with these parameter values to the step IR."""
     runtime = set(model.runtime_params)
-    folded = fold_values(model, values)
+    steps = discrete_steps(model, values)
+    folded = fold_values(model, values, steps=steps)
     surrogate = model.surrogate.gradient_with(model.surrogate_params)
     return StepIR(
         name=model.name,
         inputs=tuple(real_symbol(n) for n in model.inputs),
         states=tuple(real_symbol(n) for n in model.states),
         params=tuple(real_symbol(n) for n in model.learnable),
-        assignments=tuple((a.symbol, expr) for a, expr in zip(model.steps, folded.steps)),
+        assignments=tuple((a.symbol, expr) for a, expr in zip(steps, folded.steps)),
         outputs=tuple(sym for _, sym in model.outputs),
         next_states=tuple(model.next_states[n] for n in model.states),
         surrogate=sympy.sympify(surrogate),
         output_names=tuple(name for name, _ in model.outputs),
         constants=tuple((n, values[n]) for n in model.parameters if n not in runtime),
         initial_states=folded.initial_states,
-        positions=tuple(a.pos for a in model.steps),
+        positions=tuple(a.pos for a in steps),
         fixed=tuple(real_symbol(n) for n in model.runtime_params if not model.parameters[n].learnable),
         shaped=tuple(model.shaped),
     )

@@ -10,21 +10,27 @@ import keyword
 import math
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import sympy
 
-from .errors import SourcePos, SpecError
+from .errors import SourcePos, SpecError, SpecWarning
 from .expressions import DSL_FUNCTIONS, MAX_CONDITION_NODES, ExpressionParser, closest
 from .names import generated_names
 from .plugins import Plugins, Surrogate
 from .source import Node, parse_yaml, read_spec
-from .symbolic import Detach, Spike, real_symbol
+from .symbolic import Detach, Spike, nonlinear_term, real_symbol
 
-TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "surrogate", "step", "outputs", "passes")
-REQUIRED_KEYS = ("neuron", "states", "step")
+CONTINUOUS_KEYS = ("equations", "method", "threshold", "reset", "detach_reset", "refractory")
+TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "surrogate", "step", *CONTINUOUS_KEYS,
+                  "outputs", "passes")
+REQUIRED_KEYS = ("neuron", "states")
+METHODS = ("exact", "euler", "rk2", "rk4", "exponential_euler")
+SPIKE_OUTPUT = "s"             # the spike output of a continuous-time spec
+REFRACTORY_STATE = "refractory"  # the steps a continuous-time neuron stays refractory
 RESERVED_NAMES = frozenset({"pi", "tl", "triton", "libdevice", "torch", "math", "range", "float", *DSL_FUNCTIONS})
 DEFAULT_SURROGATE = "sigmoid"
 MAX_STEP_LINES = 1000
@@ -101,6 +107,33 @@ class Assignment:
     pos: SourcePos
 
 
+@dataclass(frozen=True)
+class Continuous:
+    """The continuous-time part of a spec (``equations``), lowered to step lines by
+    :mod:`flexsn_dsl.continuous`. Expressions use the symbols of inputs, parameters and
+    states (a state symbol in ``threshold`` and ``reset`` means its integrated value)."""
+
+    equations: dict[str, Assignment]   # state -> its derivative (``symbol`` is d<state>__dt)
+    method: str                        # one of METHODS (the default already resolved)
+    method_pos: SourcePos
+    threshold: sympy.Expr | None       # u of s = spike(u); None: no spike output
+    threshold_pos: SourcePos | None
+    reset: dict[str, Assignment]       # state -> its value where the neuron spiked
+    detach_reset: bool
+    period: sympy.Expr | None          # refractory period (an expression of parameters); None: none
+    period_pos: SourcePos | None
+    hold: tuple[str, ...]              # states not integrated while refractory
+
+    @property
+    def lines(self) -> list[Assignment]:
+        """Every expression, as pseudo step lines (for checks of parameter values)."""
+        lines = [Assignment(f"the equation of {eq.name!r}", eq.symbol, eq.expr, eq.pos)
+                 for eq in self.equations.values()]
+        if self.threshold is not None:
+            lines.append(Assignment("`threshold`", real_symbol("threshold__"), self.threshold, self.threshold_pos))
+        return lines + [Assignment(f"the reset of {r.name!r}", r.symbol, r.expr, r.pos) for r in self.reset.values()]
+
+
 @dataclass
 class NeuronModel:
     """A validated spec. Expressions use one real sympy symbol per input, parameter,
@@ -120,6 +153,13 @@ class NeuronModel:
     next_states: dict[str, sympy.Symbol]
     passes: list[str] = field(default_factory=list)
     positions: dict[str, SourcePos] = field(default_factory=dict)
+    continuous: Continuous | None = None  # set for `equations` specs (then ``steps`` is empty)
+    warnings: list[SpecWarning] = field(default_factory=list)
+
+    @property
+    def checked_lines(self) -> list[Assignment]:
+        """The expressions :func:`fold_values` checks: the steps, or the continuous-time lines."""
+        return self.steps + (self.continuous.lines if self.continuous else [])
 
     @property
     def learnable(self) -> list[str]:
@@ -178,6 +218,7 @@ class _Builder:
         self.default_input = False  # `inputs` not given: the input is x
         self.state_names: list[str] = []
         self.generated: frozenset[str] = frozenset()  # the generated code's names for this neuron
+        self.warnings: list[SpecWarning] = []
 
     # -- small checks ------------------------------------------------------
     def _get(self, key: str) -> Node | None:
@@ -260,8 +301,9 @@ class _Builder:
             if key not in top:
                 raise SpecError(f"missing required key {key!r}", self.root.pos,
                                 {"neuron": "add `neuron: my_neuron` (an identifier naming the model)",
-                                 "states": "add `states:` mapping each state to its initial value, e.g. `v: 0.0`",
-                                 "step": "add `step:` with the update lines, e.g. `s: spike(v - 1.0)`"}[key])
+                                 "states": "add `states:` mapping each state to its initial value, e.g. `v: 0.0`"
+                                 }[key])
+        self._step_or_equations()
         name_node = top["neuron"]
         self._expect(name_node, "scalar", "`neuron`", "neuron: lif")
         name = self._identifier(name_node.value, name_node.pos, "neuron", allow_keyword=True)
@@ -280,15 +322,41 @@ class _Builder:
         parameters = self._parameters()
         states = self._states(parameters)
         surrogate, surrogate_params = self._surrogate()
-        steps, next_states, env, spike_names = self._steps(inputs, parameters, states)
-        outputs = self._outputs(env, spike_names)
+        continuous = None
+        if "equations" in top:
+            continuous, next_states, env = self._continuous(inputs, parameters, states)
+            steps: list[Assignment] = []
+            default_outputs = [SPIKE_OUTPUT] if continuous.threshold is not None else list(continuous.equations)
+        else:
+            steps, next_states, env, default_outputs = self._steps(inputs, parameters, states)
+        outputs = self._outputs(env, default_outputs)
         passes = self._passes()
         model = NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
                             surrogate_params, steps, outputs, next_states, passes,
-                            {k: self._key_pos(k) for k in top})
+                            {k: self._key_pos(k) for k in top}, continuous, self.warnings)
         fold_values(model, {p.name: p.value for p in parameters.values()},
                     lambda n: f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})")
         return model
+
+    def _step_or_equations(self) -> None:
+        """A spec has `step` (discrete time) or `equations` (continuous time), never both; the
+        keys of continuous time need `equations`."""
+        top = self.root.value
+        if "step" in top and "equations" in top:
+            later = max(("step", "equations"), key=lambda k: (self._key_pos(k).line, self._key_pos(k).col))
+            raise SpecError("a spec has either `step` (discrete time) or `equations` (continuous time), not both",
+                            self._key_pos(later), "keep `equations` with `method`, `threshold` and `reset`, "
+                            "or keep the hand-discretised `step` lines, and remove the other")
+        if "step" not in top and "equations" not in top:
+            raise SpecError("missing required key 'step' (or 'equations')", self.root.pos,
+                            "add `step:` with the update lines, e.g. `s: spike(v - 1.0)`, or `equations:` with "
+                            "the time derivative of each state, e.g. `v: (x - v) / tau`")
+        if "step" in top:
+            for key in CONTINUOUS_KEYS:
+                if key in top:
+                    raise SpecError(f"`{key}` belongs to continuous-time specs (with `equations`), not to `step`",
+                                    self._key_pos(key), "write the spike and reset as step lines, or write the "
+                                    "neuron with `equations:` instead of `step:`")
 
     def _inputs(self) -> list[str]:
         node = self._get("inputs")
@@ -405,10 +473,23 @@ class _Builder:
                 value = value.value["init"]
             init = self._expression(value, env, f"initial value of state {name!r}", initial=True)
             out[name] = State(name, init, pos)
+        top = self.root.value
+        if "equations" in top and "threshold" in top and SPIKE_OUTPUT in self.declared:
+            kind, pos = self.declared[SPIKE_OUTPUT]
+            raise SpecError(f"the {kind} {SPIKE_OUTPUT!r} has the name of the spike output of `threshold`", pos,
+                            f"rename the {kind}: with `threshold`, {SPIKE_OUTPUT!r} is the spike output")
+        if "equations" in top and "refractory" in top:
+            if REFRACTORY_STATE in self.declared:
+                kind, pos = self.declared[REFRACTORY_STATE]
+                raise SpecError(f"`refractory` adds a state named {REFRACTORY_STATE!r} (the steps left), and the "
+                                f"{kind} {REFRACTORY_STATE!r} has that name", pos, f"rename the {kind}")
+            pos = self._key_pos("refractory")
+            self._declare(REFRACTORY_STATE, "state", pos)
+            out[REFRACTORY_STATE] = State(REFRACTORY_STATE, sympy.Integer(0), pos)
         return out
 
     def _expression(self, node: Node, env, what: str, later=None, initial: bool = False,
-                    current: str | None = None, forbidden: dict | None = None) -> sympy.Expr:
+                    current: str | None = None, forbidden: dict | None = None, comparison: bool = False) -> sympy.Expr:
         if node.kind != "scalar" or node.value is None or isinstance(node.value, bool):
             raise SpecError(f"{what} must be a number or an expression, not {_type_name(node)}", node.pos,
                             "write an expression such as `v + x / tau`")
@@ -425,7 +506,7 @@ class _Builder:
         parser = ExpressionParser(env, later=later, what=what, current=current, forbidden=forbidden,
                                   budget=self.condition_budget)
         try:
-            expr = parser.parse(str(node.value), _locator(node))
+            expr = parser.parse(str(node.value), _locator(node), comparison=comparison)
         except SpecError as exc:
             if initial and "unknown name" in exc.message:
                 only = "an initial value may use numbers and parameters only"
@@ -517,13 +598,180 @@ class _Builder:
             next_states.setdefault(name, real_symbol(name))
         return steps, next_states, env, spike_names
 
-    def _outputs(self, env, spike_names) -> list[tuple[str, sympy.Symbol]]:
+    def _continuous(self, inputs, parameters, states):
+        """`equations` with `method`, `threshold`, `reset`, `detach_reset` and `refractory`."""
+        top = self.root.value
+        node = top["equations"]
+        self._expect(node, "mapping", "`equations`", "equations: {v: (x - v) / tau}")
+        if not node.value:
+            raise SpecError("`equations` is empty", node.pos, "give the time derivative of a state, e.g. v: (x - v) / tau")
+        dt = parameters.get("dt")
+        if dt is None:
+            raise SpecError("`equations` need the length of one step: a parameter `dt`", self._key_pos("equations"),
+                            "add `dt: 0.5` under `parameters:` (in the unit of the time constants)")
+        if dt.learnable or dt.value <= 0:
+            raise SpecError(f"`dt` must be a positive constant, not {dt.value:g}" + (", learnable" if dt.learnable
+                                                                                     else ""),
+                            dt.pos, "write dt: 0.5 (a number of time units, not learnable)")
+        user_states = [n for n in states if n != REFRACTORY_STATE]
+        env = {n: real_symbol(n) for n in [*inputs, *parameters, *user_states]}
+        equations: dict[str, Assignment] = {}
+        for name, value in node.value.items():
+            pos = node.key_pos[name]
+            if name not in user_states:
+                kind = self.declared.get(name, (None,))[0]
+                what = f"the {kind} {name!r}" if kind else f"{name!r}, which is not declared"
+                hint = closest(name, user_states) or f"declare it under `states:` (e.g. {name}: 0.0), or give the " \
+                    f"derivative of one of the states: {', '.join(user_states)}"
+                raise SpecError(f"`equations` gives the time derivative of {what}; only states have one", pos, hint)
+            expr = self._expression(value, env, f"the equation of {name!r}")
+            self._no_spike(expr, value, f"the equation of {name!r}")
+            equations[name] = Assignment(name, real_symbol(f"d{name}__dt"), expr, value.pos)
+        method, method_pos = self._method(equations)
+        threshold, threshold_pos = None, None
+        if "threshold" in top:
+            threshold, threshold_pos = self._threshold(top["threshold"], env)
+        reset = self._reset(env, user_states, threshold is not None)
+        detach_reset = False
+        if "detach_reset" in top:
+            flag = top["detach_reset"]
+            if not isinstance(flag.value, bool):
+                raise SpecError(f"`detach_reset` must be true or false, not {flag.value!r}", flag.pos,
+                                "write detach_reset: true")
+            detach_reset = flag.value
+        period, period_pos, hold = self._refractory(parameters, user_states, reset, threshold is not None)
+        changed = [*equations, *reset] + ([REFRACTORY_STATE] if period is not None else [])
+        next_states = {n: real_symbol(f"{n}__next") if n in changed else real_symbol(n) for n in states}
+        out_env = {**{n: real_symbol(n) for n in inputs}, **next_states}
+        if threshold is not None:
+            out_env[SPIKE_OUTPUT] = real_symbol(SPIKE_OUTPUT)
+        part = Continuous(equations, method, method_pos, threshold, threshold_pos, reset, detach_reset,
+                          period, period_pos, hold)
+        return part, next_states, out_env
+
+    def _no_spike(self, expr: sympy.Expr, node: Node, what: str) -> None:
+        if expr.has(Spike, Detach):
+            raise SpecError(f"{what} may not use spike() or detach()", node.pos,
+                            "spikes come from `threshold`; `detach_reset: true` detaches the reset")
+
+    def _method(self, equations: dict[str, Assignment]) -> tuple[str, SourcePos]:
+        top = self.root.value
+        states = [real_symbol(n) for n in equations]
+        nonlinear = next(((name, term) for name, eq in equations.items()
+                          if (term := nonlinear_term(eq.expr, states)) is not None), None)
+        if "method" not in top:
+            pos = self._key_pos("equations")
+            if nonlinear is None:
+                return "exact", pos
+            name, term = nonlinear
+            self.warnings.append(SpecWarning(
+                f"no `method` given and the equations are not linear in the states (the equation of {name!r} "
+                f"has the term {term}): they are integrated with `euler`", pos,
+                "add `method: euler` to keep it, or choose a more accurate one: `rk2`, `rk4`, or "
+                "`exponential_euler` (for equations linear in their own state, like gating variables)"))
+            return "euler", pos
+        node = top["method"]
+        if node.kind != "scalar" or not isinstance(node.value, str) or node.value not in METHODS:
+            shown = node.value if node.kind == "scalar" else node.kind
+            hint = closest(str(shown), METHODS) if isinstance(shown, str) else ""
+            raise SpecError(f"unknown method {shown!r}", node.pos, hint or f"methods: {', '.join(METHODS)}")
+        if node.value == "exact" and nonlinear is not None:
+            name, term = nonlinear
+            raise SpecError(f"`method: exact` needs equations linear in the states, but the equation of {name!r} "
+                            f"has the nonlinear term {term}", equations[name].pos,
+                            "choose method: rk4 (or rk2, euler, exponential_euler), or make the equations linear")
+        return node.value, node.pos
+
+    def _threshold(self, node: Node, env) -> tuple[sympy.Expr, SourcePos]:
+        expr = self._expression(node, env, "`threshold`", comparison=True)
+        if isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan)):
+            expr = expr.lhs - expr.rhs
+        elif isinstance(expr, (sympy.LessThan, sympy.StrictLessThan)):
+            expr = expr.rhs - expr.lhs
+        elif isinstance(expr, sympy.logic.boolalg.Boolean):
+            raise SpecError(f"`threshold` must be one comparison a >= b (or a > b), or an expression u "
+                            f"meaning u >= 0, not {expr}", node.pos, "write e.g. threshold: v >= v_th")
+        self._no_spike(expr, node, "`threshold`")
+        if not expr.free_symbols:
+            raise SpecError(f"`threshold` is constant ({expr})", node.pos,
+                            "compare a state with its threshold, e.g. v >= v_th")
+        return expr, node.pos
+
+    def _reset(self, env, user_states: list[str], has_threshold: bool) -> dict[str, Assignment]:
+        node = self._get("reset")
+        if node is None:
+            return {}
+        if not has_threshold:
+            raise SpecError("`reset` without `threshold`: nothing says when to reset", self._key_pos("reset"),
+                            "add `threshold: v >= v_th` (or remove `reset`)")
+        self._expect(node, "mapping", "`reset`", "reset: {v: v_reset}")
+        out = {}
+        for name, value in node.value.items():
+            pos = node.key_pos[name]
+            if name not in user_states:
+                kind = self.declared.get(name, (None,))[0]
+                what = f"the {kind} {name!r}" if kind else f"{name!r}, which is not declared"
+                raise SpecError(f"`reset` assigns {what}; only states can be reset", pos,
+                                closest(name, user_states) or f"reset one of the states: {', '.join(user_states)}")
+            expr = self._expression(value, env, f"the reset of {name!r}")
+            self._no_spike(expr, value, f"the reset of {name!r}")
+            out[name] = Assignment(name, real_symbol(f"{name}__reset"), expr, value.pos)
+        return out
+
+    def _refractory(self, parameters, user_states, reset, has_threshold):
+        node = self._get("refractory")
+        if node is None:
+            return None, None, ()
+        if not has_threshold:
+            raise SpecError("`refractory` without `threshold`: nothing starts a refractory period",
+                            self._key_pos("refractory"), "add `threshold: v >= v_th` (or remove `refractory`)")
+        self._expect(node, "mapping", "`refractory`", "refractory: {period: 2.0, hold: [v]}")
+        for key in node.value:
+            if key not in ("period", "hold"):
+                raise SpecError(f"unknown key {key!r} in `refractory`", node.key_pos[key],
+                                closest(key, ("period", "hold")) or "`refractory` takes `period` and `hold`")
+        if "period" not in node.value:
+            raise SpecError("`refractory` has no `period`", node.pos, "write refractory: {period: 2.0}")
+        period_node = node.value["period"]
+        env = {p: real_symbol(p) for p in parameters}
+        period = self._expression(period_node, env, "the refractory period", initial=True)
+        values = {real_symbol(p.name): sympy.Float(p.value) for p in parameters.values()}
+        number = sympy.sympify(period).xreplace(values)
+        if not number.is_number or not _finite(number) or float(number) < 0:
+            raise SpecError(f"the refractory period is {number}, not a number >= 0", period_node.pos,
+                            "write a duration in the unit of dt, e.g. period: 2.0")
+        if any(parameters[s.name].learnable for s in period.free_symbols):
+            raise SpecError("the refractory period may not use learnable parameters (it is a whole number of "
+                            "steps)", period_node.pos, "use constant parameters or a number")
+        steps = refractory_steps(float(number), parameters["dt"].value)
+        ratio = float(number) / parameters["dt"].value
+        if abs(ratio - steps) > 1e-9 * max(1.0, ratio):
+            self.warnings.append(SpecWarning(
+                f"the refractory period {float(number):g} is {ratio:g} steps of dt = {parameters['dt'].value:g}: "
+                f"it rounds to {steps} steps ({steps * parameters['dt'].value:g} time units)", period_node.pos,
+                "make the period a whole multiple of dt"))
+        hold = tuple(reset)
+        if "hold" in node.value:
+            hold_node = node.value["hold"]
+            self._expect(hold_node, "list", "`hold`", "hold: [v]")
+            hold = []
+            for item in hold_node.value:
+                if item.kind != "scalar" or item.value not in user_states:
+                    raise SpecError(f"`hold` lists {item.value!r}, which is not a state", item.pos,
+                                    closest(str(item.value), user_states) or f"states: {', '.join(user_states)}")
+                if item.value in hold:
+                    raise SpecError(f"`hold` lists {item.value!r} twice", item.pos, "list each state once")
+                hold.append(item.value)
+            hold = tuple(hold)
+        return period, period_node.pos, hold
+
+    def _outputs(self, env, default: list[str]) -> list[tuple[str, sympy.Symbol]]:
         node = self._get("outputs")
         if node is None:
-            if not spike_names:
+            if not default:
                 raise SpecError("no outputs: no step line is `name: spike(...)`", self._key_pos("step"),
                                 "add `outputs: [name, ...]` listing what the neuron returns")
-            return [(n, env[n]) for n in spike_names]
+            return [(n, env[n]) for n in default]
         self._expect(node, "list", "`outputs`", "outputs: [s]")
         if not node.value:
             raise SpecError("`outputs` is empty", node.pos, "list at least one name, e.g. outputs: [s]")
@@ -534,8 +782,9 @@ class _Builder:
             name = item.value
             if name not in env:
                 hint = closest(name, env)
+                what = "the spike output s" if self.root.value.get("threshold") else "step names"
                 raise SpecError(f"output {name!r} is not an input, state or step name", item.pos,
-                                hint or "list names assigned in step, states or inputs")
+                                hint or f"list {what}, states or inputs")
             if self.declared.get(name, ("",))[0] == "parameter":
                 raise SpecError(f"output {name!r} is a parameter, not an input, state or step name", item.pos,
                                 f"assign it in step (e.g. {name}_out: {name}) and list that name")
@@ -561,6 +810,11 @@ class _Builder:
                                 hint or f"passes: {known}")
             names.append(item.value)
         return names
+
+
+def refractory_steps(period: float, dt: float) -> int:
+    """n = round(period / dt): the steps a spike makes the neuron refractory, the spike step included."""
+    return round(period / dt)
 
 
 @dataclass(frozen=True)
@@ -600,12 +854,14 @@ def _finite_with(expr: sympy.Expr, values: dict[sympy.Symbol, sympy.Expr]) -> bo
 
 
 def fold_values(model: NeuronModel, values: dict[str, float],
-                describe: Callable[[str], str] | None = None) -> Folded:
+                describe: Callable[[str], str] | None = None, steps: list[Assignment] | None = None) -> Folded:
     """Substitute parameter ``values`` into the model and fold constants; refuse a step or
     initial value that becomes infinite, NaN or complex (x / tau with tau: 0, tau * 1e308).
 
     Runtime (learnable or shaped) parameters stay symbols in the result but are checked with their initial
-    values too. ``describe(name)`` says where a parameter's value came from."""
+    values too. ``describe(name)`` says where a parameter's value came from. ``steps`` are the
+    lines to fold (default: the model's, with a continuous-time model's equations, threshold and
+    reset as lines)."""
     describe = describe or (lambda n: f"{n} = {values[n]:g}")
     runtime = set(model.runtime_params)  # learnable or shaped
     constants = {real_symbol(n): sympy.Float(v) for n, v in values.items() if n not in runtime}
@@ -628,16 +884,17 @@ def fold_values(model: NeuronModel, values: dict[str, float],
         raise SpecError(f"{what} is not a finite real number" + (f" with {', '.join(culprits)}" if culprits else ""),
                         pos, hint)
 
-    steps = []
-    for step in model.steps:
-        folded = fold(step.expr, f"step {step.name!r}", step.pos)
+    folded_lines = []
+    for step in (model.checked_lines if steps is None else steps):
+        what = f"step {step.name!r}" if model.continuous is None or steps is not None else step.name
+        folded = fold(step.expr, what, step.pos)
         if folded.is_number:
             constants[step.symbol] = checked[step.symbol] = folded
             folded_steps[step.symbol] = step
-        steps.append(folded)
+        folded_lines.append(folded)
     inits = [fold(state.init, f"the initial value of state {state.name!r}", state.pos)
              for state in model.states.values()]
-    return Folded(tuple(steps), tuple(inits), constants)
+    return Folded(tuple(folded_lines), tuple(inits), constants)
 
 
 def build_model(text: str, file: str, plugins: Plugins) -> NeuronModel:
@@ -645,9 +902,12 @@ def build_model(text: str, file: str, plugins: Plugins) -> NeuronModel:
     lines = text.splitlines()
     try:
         root = parse_yaml(text, file)
-        return _Builder(root, text, file, plugins).build()
+        model = _Builder(root, text, file, plugins).build()
     except SpecError as exc:
         raise exc.with_source(lines) from None
+    for warning in model.warnings:
+        warnings.warn(warning, stacklevel=3)
+    return model
 
 
 def read_model(path: str | Path, plugins: Plugins) -> NeuronModel:

@@ -116,3 +116,18 @@ def substitute_surrogate(expr: sympy.Expr, gradient: sympy.Expr, x: sympy.Symbol
     """Replace every SurrogateGrad(u) in ``expr`` by ``gradient`` with x := u."""
     mapping = {call: gradient.xreplace({x: call.args[0]}) for call in expr.atoms(SurrogateGrad)}
     return expr.xreplace(mapping) if mapping else expr
+
+
+def is_linear(expr: sympy.Expr, symbols) -> bool:
+    """Whether ``expr`` is affine in ``symbols`` (every derivative free of them)."""
+    symbols = set(symbols)
+    return not any(sympy.diff(expr, x).free_symbols & symbols for x in symbols if expr.has(x))
+
+
+def nonlinear_term(expr: sympy.Expr, symbols) -> sympy.Expr | None:
+    """A term of the sum ``expr`` that is not affine in ``symbols`` (None when ``expr`` is affine)."""
+    symbols = list(symbols)
+    if is_linear(expr, symbols):
+        return None
+    terms = sympy.Add.make_args(sympy.expand(expr, power_exp=False, power_base=False, log=False))
+    return next((t for t in terms if not is_linear(t, symbols)), expr)

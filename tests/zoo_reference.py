@@ -187,6 +187,10 @@ class Reference:
         return self.input_ranges.get(name, (0.0, 1.5))
 
 
+def _exp(x: Number) -> Number:
+    return torch.exp(x) if isinstance(x, torch.Tensor) else math.exp(x)
+
+
 # --------------------------------------------------------------------------
 # The neurons. Each step takes (inputs, states, params) and returns
 # (outputs, new_states); states not reassigned are carried over by the caller.
@@ -365,6 +369,15 @@ def _step_leaky(i, st, p):
     return {"spk": spk, "mem": mem_new}, {"mem": mem_new}
 
 
+# --- lif_ct: tau v' = -(v - v_rest) + R I, exact over dt with I held ------
+#   v(t + dt) = v_inf + (v(t) - v_inf) e^{-dt/tau}, v_inf = v_rest + R I
+def _step_lif_ct(i, st, p):
+    v_inf = p["v_rest"] + p["R"] * i["I"]
+    h = v_inf + (st["v"] - v_inf) * _exp(-p["dt"] / p["tau"])
+    s = spike(h - p["v_th"], "sigmoid", alpha=4.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
+
+
 def _const(v: float) -> Callable[[Params], float]:
     return lambda p: v
 
@@ -501,6 +514,16 @@ _add(Reference(
     outputs=("spk", "mem"), spike_outputs=("spk",),
     params={"beta": 0.8, "threshold": 1.0}, learnable=("beta",),
     surrogate="atan(alpha=2)", step=_step_leaky,
+))
+
+
+_add(Reference(
+    name="lif_ct", model="LIF ODE (Neuronal Dynamics eq. 1.5), exact propagator",
+    inputs=("I",), state_init={"v": _param("v_rest")},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau": 2.0, "R": 1.0, "v_rest": 0.0, "v_th": 1.0, "v_reset": 0.0, "dt": 1.0}, learnable=(),
+    surrogate="sigmoid(alpha=4)", step=_step_lif_ct,
+    input_ranges={"I": (0.0, 2.0)},
 ))
 
 

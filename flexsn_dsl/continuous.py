@@ -1,0 +1,96 @@
+"""Stage 2b: a continuous-time model (``equations``) lowered to the lines of one discrete step.
+
+The lines are those a user would write by hand in ``step``, so the step IR, the torch step,
+the Triton kernels and their derived backward are the same as for a v1 spec. One step of
+length dt, in the order of the language (v2, section 1):
+
+1. integrate every state of ``equations`` by ``method`` (inputs held over the step; constant
+   parameters folded to numbers, learnable ones kept as symbols); a refractory neuron keeps
+   the held states instead: ``v__int = where(refractory > 0.5, v, <integrated>)``;
+2. ``s = spike(u)`` of the threshold on the integrated states (0 while refractory);
+3. each reset line ``x: e`` as ``x__next = s * e + (1 - s) * x__int`` on the integrated values;
+4. ``refractory__next``: the steps left, n - 1 after a spike (n = round(period / dt)), counted
+   down by one per step, without gradient.
+
+A state's integrated value is named ``x__int`` when a reset follows, else it is ``x__next``.
+"""
+from __future__ import annotations
+
+import sympy
+
+from .errors import SpecError
+from .integrators import METHODS
+from .model import REFRACTORY_STATE, SPIKE_OUTPUT, Assignment, NeuronModel, refractory_steps
+from .propagators import PropagatorError, exact_step, linear_system
+from .symbolic import Detach, Spike, real_symbol
+
+REFRACTORY_TEST = 0.5  # the counter is a whole number: refractory while it is > 0.5
+
+
+def discrete_steps(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
+    """The step lines of ``model`` with these parameter values: a v1 spec's own, or those
+    derived from a continuous-time spec's equations."""
+    if model.continuous is None:
+        return model.steps
+    try:
+        return _lower(model, values)
+    except SpecError as exc:
+        raise exc.with_source(model.text.splitlines()) from None
+
+
+def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
+    c = model.continuous
+    shaped = [n for n in model.runtime_params if not model.parameters[n].learnable]
+    if shaped:
+        raise SpecError(f"parameter {shaped[0]!r} has a shape, which `equations` do not support yet",
+                        model.parameters[shaped[0]].pos, "give it no shape, or write the neuron with `step`")
+    constants = {real_symbol(n): sympy.Float(values[n]) for n, p in model.parameters.items() if not p.learnable}
+    dt = sympy.Float(values["dt"])
+    f = {real_symbol(n): sympy.sympify(eq.expr).xreplace(constants) for n, eq in c.equations.items()}
+    where = {real_symbol(n): eq.pos for n, eq in c.equations.items()}
+    steps: list[Assignment] = []
+
+    def emit(symbol: sympy.Symbol, expr: sympy.Expr, pos) -> None:
+        steps.append(Assignment(symbol.name, symbol, expr, pos))
+
+    states = list(f)
+    if c.method == "exact":
+        A, b = linear_system(list(f.values()), states)
+        learnable = {real_symbol(n): values[n] for n in model.learnable}
+        try:
+            integrated = dict(zip(states, exact_step(A, b, states, float(dt), learnable)))
+        except PropagatorError as exc:
+            raise SpecError(f"cannot derive the exact propagator: {exc}", c.method_pos,
+                            "make the parameters inside the coupling constant (learnable: false), or choose "
+                            "method: rk4") from None
+    else:
+        lines, integrated = METHODS[c.method](f, dt)
+        for symbol, expr in lines:
+            emit(symbol, expr, where[real_symbol(symbol.name.split("__")[0])])
+
+    refractory = real_symbol(REFRACTORY_STATE) if c.period is not None else None
+    resting = refractory > REFRACTORY_TEST if refractory is not None else None
+    value: dict[sympy.Symbol, sympy.Expr] = {}  # state -> its integrated value
+    for x in states:
+        value[x] = real_symbol(f"{x.name}__int" if x.name in c.reset else f"{x.name}__next")
+        expr = integrated[x]
+        if resting is not None and x.name in c.hold:
+            expr = sympy.Piecewise((x, resting), (expr, True))
+        emit(value[x], expr, where[x])
+    if c.threshold is None:
+        return steps
+
+    s = real_symbol(SPIKE_OUTPUT)
+    u = sympy.sympify(c.threshold).xreplace(constants).xreplace(value)
+    emit(s, Spike(u) if resting is None else sympy.Piecewise((0, resting), (Spike(u), True)), c.threshold_pos)
+    gate = Detach(s) if c.detach_reset else s
+    for name, line in c.reset.items():
+        x = real_symbol(name)
+        e = sympy.sympify(line.expr).xreplace(constants).xreplace(value)
+        emit(real_symbol(f"{name}__next"), gate * e + (1 - gate) * value.get(x, x), line.pos)
+    if refractory is not None:
+        period = float(sympy.sympify(c.period).xreplace(constants))
+        n = refractory_steps(period, float(dt))
+        emit(real_symbol(f"{REFRACTORY_STATE}__next"),
+             sympy.Piecewise((refractory - 1, resting), (max(n - 1, 0) * Detach(s), True)), c.period_pos)
+    return steps
