@@ -458,3 +458,25 @@ def test_show_prints_the_derived_step(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "equations (method exact)" in run.stdout
     assert "derived step" in run.stdout and "v__int = " in run.stdout and "v__next = " in run.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("v0", [-40.0, -55.0])
+def test_hodgkin_huxley_at_the_removable_singularities(v0, backend):
+    """alpha_m(-40 mV) and alpha_n(-55 mV) are 0/0 as written: the spec's guard gives the
+    continuous value (the mean of the values just beside it) and finite gradients."""
+    text = (ROOT / "neurons" / "hh.yaml").read_text()
+
+    def run(v_start, backend=backend):
+        m = flexsn_dsl.loads(text.replace("V: -65.0", f"V: {v_start!r}"), backend=backend).to(DTYPE)
+        x = torch.full((3, 2), 5.0, dtype=DTYPE).requires_grad_()
+        s, V = m(x)
+        (V.sum() + sum(state.sum() for state in m.states.values())).backward()
+        return V.detach(), m.states, x.grad
+
+    V, states, grad = run(v0)
+    assert torch.isfinite(V).all() and torch.isfinite(grad).all()
+    assert all(torch.isfinite(state).all() for state in states.values())
+    below, _, _ = run(v0 - 1e-4, "torch")
+    above, _, _ = run(v0 + 1e-4, "torch")
+    torch.testing.assert_close(V, (below + above) / 2, rtol=0, atol=1e-8)

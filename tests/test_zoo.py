@@ -164,7 +164,8 @@ def test_spec_header(path):
     assert spec["neuron"] == path.stem
     assert isinstance(spec.get("description"), str) and spec["description"].strip()
     assert tuple(spec.get("inputs", ["x"])) == ref.inputs
-    assert tuple(spec["states"]) == ref.states
+    # a refractory period adds the state `refractory` (the steps left)
+    assert tuple(spec["states"]) + (("refractory",) if "refractory" in spec else ()) == ref.states
     params = spec.get("parameters") or {}
     assert set(params) == set(ref.params)
     learnable = {k for k, v in params.items() if isinstance(v, dict) and v.get("learnable")}
@@ -195,7 +196,8 @@ def test_zoo_matches_reference(path, backend):
     assert set(states_m) == set(ref.states)
     for k in ref.states:
         torch.testing.assert_close(states_m[k], states_r[k], **FWD_TOL, msg=lambda s, k=k: f"state {k}: {s}")
-        assert states_m[k].requires_grad, f"final state {k} carries no autograd graph"
+        if k != "refractory":  # the refractory counter has no gradient
+            assert states_m[k].requires_grad, f"final state {k} carries no autograd graph"
 
     # backward: a random weighted sum of the outputs and of the final states
     w_out = _weights(name, outs_r, 1)

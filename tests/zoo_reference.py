@@ -378,6 +378,95 @@ def _step_lif_ct(i, st, p):
     return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"])}
 
 
+# --- cuba_lif_ct: tau_syn i' = x - i, tau_mem v' = -(v - v_rest) + R i, exact -
+# Over one step with x held (tau_mem != tau_syn): i relaxes to x; v gets the
+# difference of exponentials of the synaptic transient.
+def _step_cuba_lif_ct(i, st, p):
+    dt, tm, ts, R, x = p["dt"], p["tau_mem"], p["tau_syn"], p["R"], i["x"]
+    em, es = math.exp(-dt / tm), math.exp(-dt / ts)
+    v0, i0 = st["v"] - p["v_rest"], st["i"]
+    h = p["v_rest"] + v0 * em + R * x * (1 - em) + R * (i0 - x) * ts / (ts - tm) * (es - em)
+    s = spike(h - p["v_th"], "sigmoid", alpha=4.0)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"]), "i": x + (i0 - x) * es}
+
+
+# --- lif_refractory: exact LIF; refractory for n = round(t_ref / dt) steps ----
+# `refractory` counts the steps left: n - 1 after a spike, then down to 0; while
+# it is > 0, v keeps its value and no spike is emitted.
+def _step_lif_refractory(i, st, p):
+    v, r = st["v"], st["refractory"]
+    active = r <= 0
+    v_inf = p["v_rest"] + p["R"] * i["I"]
+    h = torch.where(active, v_inf + (v - v_inf) * math.exp(-p["dt"] / p["tau"]), v)
+    s = spike(h - p["v_th"], "atan", alpha=2.0) * active.to(v.dtype)
+    n = round(p["t_ref"] / p["dt"])
+    r_new = torch.where(active, (n - 1) * s.detach(), r - 1)
+    return {"s": s}, {"v": _hard_reset(h, s, p["v_reset"]), "refractory": r_new}
+
+
+# --- adex_ct: Brette & Gerstner 2005 as ODEs, classical RK4 ---------------
+def _adex_rhs(v, w, x, p):
+    expo = torch.clamp((v - p["v_T"]) / p["delta_T"], max=10.0)
+    dv = (-(v - p["v_rest"]) + p["delta_T"] * torch.exp(expo) - w + x) / p["tau_m"]
+    return dv, (p["a"] * (v - p["v_rest"]) - w) / p["tau_w"]
+
+
+def _rk4(rhs, y, h):
+    k1 = [h * d for d in rhs(*y)]
+    k2 = [h * d for d in rhs(*[a + b / 2 for a, b in zip(y, k1)])]
+    k3 = [h * d for d in rhs(*[a + b / 2 for a, b in zip(y, k2)])]
+    k4 = [h * d for d in rhs(*[a + b for a, b in zip(y, k3)])]
+    return [a + (b + 2 * c + 2 * d + e) / 6 for a, b, c, d, e in zip(y, k1, k2, k3, k4)]
+
+
+def _step_adex_ct(i, st, p):
+    v, w = _rk4(lambda v, w: _adex_rhs(v, w, i["x"], p), [st["v"], st["w"]], p["dt"])
+    s = spike(v - p["v_th"], "fast_sigmoid", slope=5.0)
+    return {"s": s}, {"v": _hard_reset(v, s, p["v_reset"]), "w": w + p["b"] * s}
+
+
+# --- izhikevich_ct: Izhikevich 2003 in mV/ms, explicit midpoint (rk2) -------
+def _step_izhikevich_ct(i, st, p):
+    def rhs(v, u):
+        return 0.04 * v * v + 5.0 * v + 140.0 - u + i["I"], p["a"] * (p["b"] * v - u)
+    h, v, u = p["dt"], st["v"], st["u"]
+    kv, ku = (h * d for d in rhs(v, u))
+    dv, du = rhs(v + kv / 2, u + ku / 2)
+    v, u = v + h * dv, u + h * du
+    s = spike(v - p["v_peak"], "super_spike", alpha=0.1)
+    return {"s": s, "v": s * p["c"] + (1 - s) * v}, {"v": s * p["c"] + (1 - s) * v, "u": u + p["d"] * s}
+
+
+# --- hh: Hodgkin-Huxley (Dayan & Abbott's convention), exponential Euler ----
+def _vtrap(u: torch.Tensor, scale: float) -> torch.Tensor:
+    """u / (1 - exp(-u / scale)), continued at u = 0 (the same guard as the spec)."""
+    small = u.abs() < 0.01
+    safe = torch.where(small, torch.ones_like(u), u)
+    return torch.where(small, scale + u / 2 + u * u / (12 * scale), safe / (1 - torch.exp(-safe / scale)))
+
+
+def _step_hh(i, st, p):
+    V, m, h, n, r = st["V"], st["m"], st["h"], st["n"], st["refractory"]
+    dt = p["dt"]
+    rates = {
+        "m": (0.1 * _vtrap(V + 40, 10.0), 4.0 * torch.exp(-(V + 65) / 18)),
+        "h": (0.07 * torch.exp(-(V + 65) / 20), 1 / (1 + torch.exp(-(V + 35) / 10))),
+        "n": (0.01 * _vtrap(V + 55, 10.0), 0.125 * torch.exp(-(V + 65) / 80)),
+    }
+    gates = {}
+    for z, (alpha, beta) in rates.items():  # dz/dt = alpha (1 - z) - beta z: A = -(alpha + beta), B = alpha
+        inf = alpha / (alpha + beta)
+        gates[z] = inf + (st[z] - inf) * torch.exp(-(alpha + beta) * dt)
+    g = p["g_Na"] * m ** 3 * h + p["g_K"] * n ** 4 + p["g_L"]
+    e = p["g_Na"] * m ** 3 * h * p["E_Na"] + p["g_K"] * n ** 4 * p["E_K"] + p["g_L"] * p["E_L"] + i["I"]
+    V_new = e / g + (V - e / g) * torch.exp(-g / p["C"] * dt)
+    active = (r <= 0).to(V.dtype)
+    s = spike(V_new - p["V_spike"], "sigmoid", alpha=0.5) * active
+    n_ref = round(p["t_ref"] / dt)
+    r_new = torch.where(r > 0, r - 1, (n_ref - 1) * s.detach())
+    return {"s": s, "V": V_new}, {"V": V_new, **gates, "refractory": r_new}
+
+
 def _const(v: float) -> Callable[[Params], float]:
     return lambda p: v
 
@@ -524,6 +613,50 @@ _add(Reference(
     params={"tau": 2.0, "R": 1.0, "v_rest": 0.0, "v_th": 1.0, "v_reset": 0.0, "dt": 1.0}, learnable=(),
     surrogate="sigmoid(alpha=4)", step=_step_lif_ct,
     input_ranges={"I": (0.0, 2.0)},
+))
+
+
+_add(Reference(
+    name="cuba_lif_ct", model="CUBA LIF ODEs (Brette et al. 2007), exact with two time constants",
+    inputs=("x",), state_init={"v": _param("v_rest"), "i": _const(0.0)},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau_mem": 2.0, "tau_syn": 1.0, "R": 2.0, "v_rest": 0.0, "v_th": 1.0, "v_reset": 0.0, "dt": 1.0},
+    learnable=("R",), surrogate="sigmoid(alpha=4)", step=_step_cuba_lif_ct,
+))
+_add(Reference(
+    name="lif_refractory", model="exact LIF with an absolute refractory period (Brian2 semantics)",
+    inputs=("I",), state_init={"v": _param("v_rest"), "refractory": _const(0.0)},
+    outputs=("s", "v"), spike_outputs=("s",),
+    params={"tau": 2.0, "R": 1.0, "v_rest": 0.0, "v_th": 1.0, "v_reset": 0.0, "t_ref": 2.0, "dt": 1.0},
+    learnable=(), surrogate="atan(alpha=2)", step=_step_lif_refractory,
+    input_ranges={"I": (0.5, 4.0)},
+))
+_add(Reference(
+    name="adex_ct", model="AdEx ODEs (Brette & Gerstner 2005), rk4",
+    inputs=("x",), state_init={"v": _param("v_rest"), "w": _const(0.0)},
+    outputs=("s",), spike_outputs=("s",),
+    params={"tau_m": 2.0, "tau_w": 4.0, "v_rest": 0.0, "v_T": 0.6, "delta_T": 0.2, "v_th": 1.0,
+            "v_reset": 0.0, "a": 0.5, "b": 0.3, "dt": 0.5},
+    learnable=("b",), surrogate="fast_sigmoid(slope=5)", step=_step_adex_ct,
+    input_ranges={"x": (0.0, 3.0)},
+))
+_add(Reference(
+    name="izhikevich_ct", model="Izhikevich 2003 ODEs in mV/ms, rk2",
+    inputs=("I",), state_init={"v": _param("c"), "u": lambda p: p["b"] * p["c"]},
+    outputs=("s", "v"), spike_outputs=("s",),
+    params={"a": 0.02, "b": 0.2, "c": -65.0, "d": 8.0, "v_peak": 30.0, "dt": 0.5},
+    learnable=(), surrogate="super_spike(alpha=0.1)", step=_step_izhikevich_ct,
+    input_ranges={"I": (0.0, 80.0)},
+))
+_add(Reference(
+    name="hh", model="Hodgkin-Huxley 1952 (Dayan & Abbott convention), exponential Euler",
+    inputs=("I",), state_init={"V": _const(-65.0), "m": _const(0.0529325), "h": _const(0.5961207),
+                               "n": _const(0.3176769), "refractory": _const(0.0)},
+    outputs=("s", "V"), spike_outputs=("s",),
+    params={"C": 1.0, "g_Na": 120.0, "g_K": 36.0, "g_L": 0.3, "E_Na": 50.0, "E_K": -77.0, "E_L": -54.387,
+            "V_spike": 0.0, "t_ref": 2.0, "dt": 0.1},
+    learnable=(), surrogate="sigmoid(alpha=0.5)", step=_step_hh,
+    input_ranges={"I": (0.0, 300.0)},
 ))
 
 
