@@ -162,6 +162,7 @@ def _saved_labels(info) -> list[str]:
 def cmd_show(args) -> int:
     from .names import core_name
     from .ir import resolve_shapes
+    from .symbolic import language_text
     from .templates import kernel_source
     compiled = _compile(Path(args.spec), args)
     what = args.kernel
@@ -180,16 +181,16 @@ def cmd_show(args) -> int:
         if c is not None:
             print(f"  equations (method {c.method}):")
             for eq in c.equations.values():
-                print(f"    d{eq.name}/dt = {eq.expr}")
+                print(f"    d{eq.name}/dt = {language_text(eq.expr)}")
             if c.threshold is not None:
-                print(f"  threshold: spike({c.threshold})")
+                print(f"  threshold: spike({language_text(c.threshold)})")
             for line in c.reset.values():
-                print(f"  reset {line.name}: {line.expr}" + (" (detached)" if c.detach_reset else ""))
+                print(f"  reset {line.name}: {language_text(line.expr)}" + (" (detached)" if c.detach_reset else ""))
             if c.period is not None:
                 print(f"  refractory: period {c.period}, hold {list(c.hold)}")
         print("  step:" if c is None else "  derived step (one step of dt):")
         for sym, expr in compiled.ir.assignments:
-            print(f"    {sym.name} = {expr}")
+            print(f"    {sym.name} = {language_text(expr)}")
         print(f"  outputs: {[n for n, _ in m.outputs]}")
     elif what == "torch":
         print(compiled.torch_source)

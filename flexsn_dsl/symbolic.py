@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sympy
 from sympy import S
+from sympy.printing.str import StrPrinter
 
 
 class Spike(sympy.Function):
@@ -131,3 +132,31 @@ def nonlinear_term(expr: sympy.Expr, symbols) -> sympy.Expr | None:
         return None
     terms = sympy.Add.make_args(sympy.expand(expr, power_exp=False, power_base=False, log=False))
     return next((t for t in terms if not is_linear(t, symbols)), expr)
+
+
+class _LanguagePrinter(StrPrinter):
+    """sympy's text with the language's spellings: where(...), spike(...), detach(...), abs(...)."""
+
+    def _print_Piecewise(self, expr):
+        *cases, (last, condition) = expr.args
+        text = self._print(last) if condition == sympy.true else f"where({self._print(condition)}, {self._print(last)}, nan)"
+        for value, condition in reversed(cases):
+            text = f"where({self._print(condition)}, {self._print(value)}, {text})"
+        return text
+
+    def _print_Spike(self, expr):
+        return f"spike({self._print(expr.args[0])})"
+
+    def _print_Detach(self, expr):
+        return f"detach({self._print(expr.args[0])})"
+
+    def _print_Sigmoid(self, expr):
+        return f"sigmoid({self._print(expr.args[0])})"
+
+    def _print_Abs(self, expr):
+        return f"abs({self._print(expr.args[0])})"
+
+
+def language_text(expr: sympy.Expr) -> str:
+    """``expr`` written in the spec language (for display)."""
+    return _LanguagePrinter().doprint(expr)
