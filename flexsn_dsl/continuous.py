@@ -16,6 +16,8 @@ A state's integrated value is named ``x__int`` when a reset follows, else it is 
 """
 from __future__ import annotations
 
+import warnings
+
 import sympy
 
 from .errors import SpecError
@@ -90,7 +92,9 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
         emit(real_symbol(f"{name}__next"), gate * e + (1 - gate) * value.get(x, x), line.pos)
     if refractory is not None:
         period = float(sympy.sympify(c.period).xreplace(constants))
-        n = refractory_steps(period, float(dt))
+        n, warning = refractory_steps(period, float(dt), c.period_pos)
+        if warning is not None and warning.message not in {w.message for w in model.warnings}:
+            warnings.warn(warning, stacklevel=2)  # with params= values; the spec's own are warned at load
         emit(real_symbol(f"{REFRACTORY_STATE}__next"),
              sympy.Piecewise((refractory - 1, resting), (max(n - 1, 0) * Detach(s), True)), c.period_pos)
     return steps

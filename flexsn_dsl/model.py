@@ -326,7 +326,7 @@ class _Builder:
         if "equations" in top:
             continuous, next_states, env = self._continuous(inputs, parameters, states)
             steps: list[Assignment] = []
-            default_outputs = [SPIKE_OUTPUT] if continuous.threshold is not None else list(continuous.equations)
+            default_outputs = [SPIKE_OUTPUT] if continuous.threshold is not None else list(states)
         else:
             steps, next_states, env, default_outputs = self._steps(inputs, parameters, states)
         outputs = self._outputs(env, default_outputs)
@@ -743,13 +743,9 @@ class _Builder:
         if any(parameters[s.name].learnable for s in period.free_symbols):
             raise SpecError("the refractory period may not use learnable parameters (it is a whole number of "
                             "steps)", period_node.pos, "use constant parameters or a number")
-        steps = refractory_steps(float(number), parameters["dt"].value)
-        ratio = float(number) / parameters["dt"].value
-        if abs(ratio - steps) > 1e-9 * max(1.0, ratio):
-            self.warnings.append(SpecWarning(
-                f"the refractory period {float(number):g} is {ratio:g} steps of dt = {parameters['dt'].value:g}: "
-                f"it rounds to {steps} steps ({steps * parameters['dt'].value:g} time units)", period_node.pos,
-                "make the period a whole multiple of dt"))
+        _, warning = refractory_steps(float(number), parameters["dt"].value, period_node.pos)
+        if warning is not None:
+            self.warnings.append(warning)
         hold = tuple(reset)
         if "hold" in node.value:
             hold_node = node.value["hold"]
@@ -812,9 +808,16 @@ class _Builder:
         return names
 
 
-def refractory_steps(period: float, dt: float) -> int:
-    """n = round(period / dt): the steps a spike makes the neuron refractory, the spike step included."""
-    return round(period / dt)
+def refractory_steps(period: float, dt: float, pos: SourcePos | None) -> tuple[int, SpecWarning | None]:
+    """n = round(period / dt): the steps a spike makes the neuron refractory, the spike step included;
+    and a warning when the period is not a whole number of steps."""
+    ratio = period / dt
+    steps = round(ratio)
+    if abs(ratio - steps) <= 1e-9 * max(1.0, ratio):
+        return steps, None
+    return steps, SpecWarning(f"the refractory period {period:g} is {ratio:g} steps of dt = {dt:g}: it rounds to "
+                              f"{steps} steps ({steps * dt:g} time units)", pos,
+                              "make the period a whole multiple of dt")
 
 
 @dataclass(frozen=True)

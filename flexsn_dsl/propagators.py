@@ -90,7 +90,7 @@ def phi1(z: sympy.Expr) -> sympy.Expr:
     """(e^z - 1) / z, continued by 1 at z = 0: the series below PHI1_SERIES_BELOW, and the
     formula evaluated at a safe point there (so neither branch gives NaN, nor its gradient)."""
     small = sympy.Abs(z) < PHI1_SERIES_BELOW
-    safe = sympy.Piecewise((1, small), (z, True))
+    safe = z + sympy.Piecewise((1, small), (0, True))  # a sum: sympy keeps 1/safe whole (no 1/z inside a branch)
     return sympy.Piecewise((1 + z / 2 + z ** 2 / 6 + z ** 3 / 24, small), ((sympy.exp(safe) - 1) / safe, True))
 
 

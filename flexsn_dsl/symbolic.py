@@ -139,7 +139,9 @@ class _LanguagePrinter(StrPrinter):
 
     def _print_Piecewise(self, expr):
         *cases, (last, condition) = expr.args
-        text = self._print(last) if condition == sympy.true else f"where({self._print(condition)}, {self._print(last)}, nan)"
+        if condition != sympy.true:  # no otherwise-branch: sympy's own spelling
+            return self._print_Basic(expr)
+        text = self._print(last)
         for value, condition in reversed(cases):
             text = f"where({self._print(condition)}, {self._print(value)}, {text})"
         return text

@@ -10,6 +10,7 @@ Time is in ms on both sides (the specs are unitless).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,9 @@ import pytest
 import torch
 
 import flexsn_dsl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_continuous import ADEX_LIKE, ADEX_PARAMETERS  # noqa: E402 - the same AdEx-like spec
 
 brian2 = pytest.importorskip("brian2")
 
@@ -124,21 +128,6 @@ def test_exact_coupled_cuba(backend):
     _compare(ours, seqs, raster, traces, ["v", "i_syn"])
 
 
-ADEX = """
-neuron: adex_b2
-inputs: [I]
-parameters: {tau_m: 2.0, tau_w: 5.0, a: 0.3, delta_T: 0.25, v_T: 0.6, v_th: 1.2, b: 0.2, dt: 0.2}
-states: {v: 0.0, w: 0.1}
-equations:
-  v: (-v + delta_T * exp((v - v_T) / delta_T) - w + I) / tau_m
-  w: (a * v - w) / tau_w
-method: METHOD
-threshold: v >= v_th
-reset:
-  v: 0.0
-  w: w + b
-outputs: [s]
-"""
 ADEX_B2 = """
 dv/dt = (-v + delta_T * exp((v - v_T) / delta_T) - w + I) / (tau_m * ms) : 1
 dw/dt = (a * v - w) / (tau_w * ms) : 1
@@ -152,10 +141,10 @@ def test_explicit_methods(method, backend):
     """(exponential_euler is compared on Hodgkin-Huxley below: for v here, whose derivative is not
     linear in v, the language prescribes Euler, while Brian2 moves exp(v) into the B of A v + B.)"""
     x = _inputs(60, 4, 0.5, 2.5, 3)
-    ns = dict(tau_m=2.0, tau_w=5.0, a=0.3, delta_T=0.25, v_T=0.6, v_th=1.2, b=0.2)
-    raster, traces = _brian(ADEX_B2, x, 0.2, method, {"w": 0.1}, ["v", "w"], threshold="v >= v_th",
-                            reset="v = 0\nw = w + b", namespace=ns)
-    ours, seqs = _ours(ADEX.replace("METHOD", method), x, backend, ["s"])
+    ns = {k: v for k, v in ADEX_PARAMETERS.items() if k != "dt"}
+    raster, traces = _brian(ADEX_B2, x, ADEX_PARAMETERS["dt"], method, {"w": 0.1}, ["v", "w"],
+                            threshold="v >= v_th", reset="v = 0\nw = w + b", namespace=ns)
+    ours, seqs = _ours(ADEX_LIKE.replace("METHOD", method), x, backend, ["s", "v", "w"])
     _compare(ours, seqs, raster, traces, ["v", "w"])
 
 

@@ -207,6 +207,28 @@ def test_learnable_equal_time_constants_in_a_coupled_system_are_refused():
     assert info.value.line == 9 and info.value.hint
 
 
+def test_learnable_rate_in_a_rotating_system_is_refused_with_the_reason():
+    text = """
+neuron: resonator
+parameters: {omega: {value: 0.5, learnable: true}, dt: 0.1}
+states: {x1: 1.0, x2: 0.0}
+equations:
+  x1: -omega * x2
+  x2: omega * x1
+method: exact
+"""
+    with pytest.raises(flexsn_dsl.SpecError) as info:
+        flexsn_dsl.loads(text, filename="r.yaml", backend="torch")
+    assert "omega" in info.value.message and "triangular" in info.value.message
+    assert (info.value.line, info.value.col) == (8, 9) and "rk4" in info.value.hint
+    m = flexsn_dsl.loads(text.replace("{value: 0.5, learnable: true}", "0.5"), backend="torch").to(DTYPE)
+    assert [name for name, _ in m.spec.outputs] == ["x1", "x2"]  # no threshold: every state is an output
+    x1, x2 = m(torch.zeros(30, 1, dtype=DTYPE))  # a constant omega: e^{A dt} is a rotation, computed numerically
+    t = torch.arange(1, 31, dtype=DTYPE) * 0.1
+    torch.testing.assert_close(x1[:, 0], torch.cos(0.5 * t), **TIGHT)
+    torch.testing.assert_close(x2[:, 0], torch.sin(0.5 * t), **TIGHT)
+
+
 # ---------------------------------------------------------------------------------------------
 # the explicit methods against integrators written here
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +248,8 @@ reset:
   w: w + b
 outputs: [s, v, w]
 """
-P = dict(tau_m=2.0, tau_w=5.0, a=0.3, delta_T=0.25, v_T=0.6, v_th=1.2, b=0.2, dt=0.2)
+ADEX_PARAMETERS = dict(tau_m=2.0, tau_w=5.0, a=0.3, delta_T=0.25, v_T=0.6, v_th=1.2, b=0.2, dt=0.2)
+P = ADEX_PARAMETERS
 
 
 def _f(v, w, x):
@@ -444,6 +467,11 @@ def test_warnings_for_rounded_period_and_default_method(tmp_path):
     method, period = sorted(found, key=lambda w: w.pos.line)
     assert (method.pos.line, "euler" in method.message, "rk4" in method.hint) == (5, True, True)
     assert period.pos.line == 9 and "rounds to 2 steps" in period.message
+    with warnings.catch_warnings(record=True) as caught:  # a params= value that makes the period fractional
+        warnings.simplefilter("always")
+        flexsn_dsl.loads(text.replace("1.2", "1.0"), filename="w.yaml", backend="torch", params={"dt": 0.3})
+    (override,) = [w.message for w in caught if isinstance(w.message, SpecWarning) and "refractory" in str(w.message)]
+    assert "3.33333 steps of dt = 0.3: it rounds to 3 steps" in override.message and override.pos.line == 9
     path = tmp_path / "w.yaml"
     path.write_text(text)
     run = subprocess.run([sys.executable, "-m", "flexsn_dsl", "check", str(path)], capture_output=True, text=True)
@@ -453,11 +481,15 @@ def test_warnings_for_rounded_period_and_default_method(tmp_path):
 
 
 def test_show_prints_the_derived_step(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "flexsn_dsl", "show", str(ROOT / "neurons" / "lif_ct.yaml"),
+    run = subprocess.run([sys.executable, "-m", "flexsn_dsl", "show", str(ROOT / "neurons" / "lif_refractory.yaml"),
                           "--kernel", "model"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "equations (method exact)" in run.stdout
-    assert "derived step" in run.stdout and "v__int = " in run.stdout and "v__next = " in run.stdout
+    assert "equations (method exact)" in run.stdout and "dv/dt = " in run.stdout
+    derived = run.stdout[run.stdout.index("derived step"):]
+    a = math.exp(-0.5)  # the folded propagator, written in the language's spelling
+    assert f"v__int = where(refractory > 0.5, v, {1 - a:.15f}*I + {a:.15f}*v)" in derived
+    assert "s = where(refractory > 0.5, 0, spike(v__int - 1.0))" in derived
+    assert "refractory__next = where(refractory > 0.5, refractory - 1, detach(s))" in derived
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -480,3 +512,29 @@ def test_hodgkin_huxley_at_the_removable_singularities(v0, backend):
     below, _, _ = run(v0 - 1e-4, "torch")
     above, _, _ = run(v0 + 1e-4, "torch")
     torch.testing.assert_close(V, (below + above) / 2, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exact_with_an_input_inside_the_rate(backend):
+    """A conductance input g makes the rate -(g + 1/tau) an input: the propagator stays symbolic
+    (e^{a dt}, and (e^{a dt} - 1) / a guarded where a may vanish), exact against the closed form."""
+    text = """
+neuron: coba
+inputs: [g]
+parameters: {tau: 4.0, E: 2.0, leak: {value: 0.0, learnable: true}, dt: 0.5}
+states: {v: 0.5}
+equations:
+  v: g * (E - v) - leak * v
+method: exact
+outputs: [v]
+"""
+    g0 = torch.cat([torch.zeros(2, 3, dtype=DTYPE), _inputs(6, shape=(3,), hi=1.5)])
+    g = g0.clone().requires_grad_()
+    m, (v,) = _run(text, g, backend)
+    v.sum().backward()
+    state, expected = torch.full_like(g0[0], 0.5), []
+    for t in range(g0.shape[0]):  # leak = 0: v relaxes to E at rate g (and stays where g = 0)
+        state = 2.0 + (state - 2.0) * torch.exp(-g0[t] * 0.5)
+        expected.append(state)
+    torch.testing.assert_close(v.detach(), torch.stack(expected), **TIGHT)
+    assert torch.isfinite(g.grad).all() and torch.isfinite(m.leak.grad)
