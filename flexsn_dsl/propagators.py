@@ -110,7 +110,8 @@ def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: 
               values: dict[sympy.Symbol, float]) -> list[sympy.Expr]:
     n = len(states)
     symbols = sorted({s.name for s in A.free_symbols})
-    order = sorted(range(n), key=lambda i: sum(_reachable(A)[i]))  # fewest influences first
+    reach = _reachable(A)
+    order = sorted(range(n), key=lambda i: sum(reach[i]))  # fewest influences first: a triangular order
     P = A.extract(order, order)
     if any(P[i, j] != 0 for i in range(n) for j in range(n) if i < j) or n > MAX_SYMBOLIC_STATES:
         raise PropagatorError(f"the coupled system of {n} states has {', '.join(symbols)} inside its matrix A, "
@@ -125,10 +126,9 @@ def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: 
         raise PropagatorError(f"sympy cannot derive e^(A dt) with {', '.join(symbols)} inside A: {exc}") from None
     result = [sympy.expand_mul(sum(E[i, j] * states[j] for j in range(n)) + E[i, n]) for i in range(n)]
     at = {s: sympy.Float(v) for s, v in values.items()}
-    for expr in result:
-        number = expr.xreplace(at).xreplace({s: sympy.Float(0.5) for s in states})
-        free = number.free_symbols
-        test = number.xreplace({s: sympy.Float(0.5) for s in free})
+    for expr in result:  # at the current values (states and inputs at an arbitrary 0.5)
+        test = expr.xreplace(at)
+        test = test.xreplace({s: sympy.Float(0.5) for s in test.free_symbols})
         if test.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo) or not test.is_finite:
             raise PropagatorError(f"the symbolic propagator is singular at the current values of "
                                   f"{', '.join(symbols)} (two equal rates, e.g. equal time constants)")
