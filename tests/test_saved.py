@@ -35,6 +35,14 @@ RECORDED = {
     "plif_channel": (("x", "v"), ("h", "s__u", "s")),  # (added with it: the exhaustive search's choice)
     "qif": (("x", "v"), ("h", "s__u", "s")),
     "resonate_fire": (("re_new", "im_new"), ("s__u", "s")),
+    # continuous-time specs (the lines their lowering derives)
+    "lif_ct": (("v__int",), ("s__u", "s")),
+    "cuba_lif_ct": (("x", "i", "v__int"), ("s__u", "s")),
+    "lif_refractory": (("refractory", "v__int"), ("s__u", "s")),
+    "adex_ct": (("x", "v", "w"), ("v__k1", "w__k1", "v__k2", "w__k2", "v__k3", "w__k3", "v__k4", "v__int", "s__u", "s")),
+    "izhikevich_ct": (("I", "v", "u"), ("v__k", "u__k", "v__int", "s__u", "s")),
+    "hh": (("I", "V", "m", "h", "n", "refractory"),
+           ("V__A", "V__BA", "m__A", "m__BA", "h__A", "h__BA", "n__A", "n__BA", "V__next")),
 }
 
 
