@@ -348,9 +348,8 @@ class _Builder:
                             self._key_pos(later), "keep `equations` with `method`, `threshold` and `reset`, "
                             "or keep the hand-discretised `step` lines, and remove the other")
         if "step" not in top and "equations" not in top:
-            raise SpecError("missing required key 'step' (or 'equations')", self.root.pos,
-                            "add `step:` with the update lines, e.g. `s: spike(v - 1.0)`, or `equations:` with "
-                            "the time derivative of each state, e.g. `v: (x - v) / tau`")
+            raise SpecError("missing required key 'step'", self.root.pos,
+                            "add `step:` with the update lines, e.g. `s: spike(v - 1.0)`")
         if "step" in top:
             for key in CONTINUOUS_KEYS:
                 if key in top:
@@ -778,7 +777,7 @@ class _Builder:
             name = item.value
             if name not in env:
                 hint = closest(name, env)
-                what = "the spike output s" if self.root.value.get("threshold") else "step names"
+                what = "the spike output s" if self.root.value.get("threshold") else "names assigned in step"
                 raise SpecError(f"output {name!r} is not an input, state or step name", item.pos,
                                 hint or f"list {what}, states or inputs")
             if self.declared.get(name, ("",))[0] == "parameter":
