@@ -87,7 +87,13 @@ def main(argv=None) -> int:
             run = _training(module, x)
             run()
             ms = timer(run)
-            graph_ms = graph_timer(run) if graph_timer else None
+            graph_ms = None
+            if graph_timer:
+                try:
+                    graph_ms = graph_timer(run)
+                except RuntimeError as exc:  # a training call that cannot be captured: eager times only
+                    print(f"{spec} {label}: no CUDA-graph time ({str(exc).splitlines()[0]})", flush=True)
+                    torch.cuda.synchronize()
             peak = _peak(device, run)
             results[label] = dict(ms=ms, graph_ms=graph_ms, peak_mib=peak)
         p = getattr(shaped, param)

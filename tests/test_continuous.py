@@ -37,7 +37,7 @@ def _run(text: str, inputs, backend: str, params=None, **kwargs):
 
 def _inputs(T: int, shape=(3,), lo=0.0, hi=2.0, seed=0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return (lo + (hi - lo) * torch.rand((T, *shape), generator=gen, dtype=DTYPE)).to(torch.get_default_device())
+    return (lo + (hi - lo) * torch.rand((T, *shape), generator=gen, dtype=DTYPE, device="cpu")).to(torch.get_default_device())
 
 
 # ---------------------------------------------------------------------------------------------

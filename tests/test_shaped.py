@@ -73,10 +73,12 @@ def reference(x, tau, v_th, k):
 
 
 def _values(shape, seed):
-    gen = torch.Generator().manual_seed(seed)
-    tau = 1.5 + 2.5 * torch.rand(shape, generator=gen, dtype=F64)
-    v_th = 0.6 + 0.6 * torch.rand(shape, generator=gen, dtype=F64)
-    x = 2.0 * torch.rand(CASE_INPUT[shape], generator=gen, dtype=F64) if shape in CASE_INPUT else None
+    gen = torch.Generator().manual_seed(seed)  # CPU draws, moved: the same values on a GPU machine
+    here = torch.get_default_device()
+    tau = (1.5 + 2.5 * torch.rand(shape, generator=gen, dtype=F64, device="cpu")).to(here)
+    v_th = (0.6 + 0.6 * torch.rand(shape, generator=gen, dtype=F64, device="cpu")).to(here)
+    x = (2.0 * torch.rand(CASE_INPUT[shape], generator=gen, dtype=F64, device="cpu")).to(here) \
+        if shape in CASE_INPUT else None
     return tau, v_th, x
 
 
@@ -104,7 +106,7 @@ def test_values_and_gradients_match_a_torch_loop(case, backend):
     assert 0 < int(s_m.sum()) < s_m.numel()
     torch.testing.assert_close(m.states["v"], v_r, **TIGHT)
     gen = torch.Generator().manual_seed(2)
-    w_s, w_v = torch.randn(s_r.shape, generator=gen, dtype=F64), torch.randn(v_r.shape, generator=gen, dtype=F64)
+    w_s, w_v = (torch.randn(t.shape, generator=gen, dtype=F64, device="cpu").to(t.device) for t in (s_r, v_r))
     ((w_s * s_m).sum() + (w_v * m.states["v"]).sum()).backward()
     g_x, g_tau, g_k = torch.autograd.grad((w_s * s_r).sum() + (w_v * v_r).sum(), [xr, tau_r, k_r])
     torch.testing.assert_close(xm.grad, g_x, **TIGHT)
