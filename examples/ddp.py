@@ -56,19 +56,12 @@ def vgg(spec: Path, widths: tuple[int, ...], backend: str) -> nn.Sequential:
     layers, c = [], 3
     for i, w in enumerate(widths):
         conv = MultiStep(nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w))
-        sizes = {"C": w}
-        layers += [conv, flexsn_dsl.load(spec, backend=backend, **_sizes_arg(spec, sizes))]
+        layers += [conv, flexsn_dsl.load(spec, backend=backend, sizes={"C": w})]  # C: per-channel parameters
         if i % 2 == 1:
             layers.append(MultiStep(nn.MaxPool2d(2)))
         c = w
     layers.append(MultiStep(nn.Flatten(), nn.Linear(c * 8 * 8, 10)))
     return nn.Sequential(*layers)
-
-
-def _sizes_arg(spec: Path, sizes: dict[str, int]) -> dict:
-    """``sizes=`` for specs with shaped parameters (the keyword exists from language v2 on)."""
-    import inspect
-    return {"sizes": sizes} if "sizes" in inspect.signature(flexsn_dsl.load).parameters else {}
 
 
 def reset(model: nn.Module) -> None:

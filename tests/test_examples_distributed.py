@@ -21,12 +21,14 @@ def torchrun(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
-def test_two_processes_give_the_gradients_of_one(engine, tmp_path):
-    run = torchrun("--engine", engine, "--check", "--tol", "1e-5", tmp_path=tmp_path)
+@pytest.mark.parametrize("engine, spec", [("ddp", "plif"), ("fsdp", "plif"), ("fsdp", "plif_channel")])
+def test_two_processes_give_the_gradients_of_one(engine, spec, tmp_path):
+    """A scalar learnable parameter (FSDP cannot shard it: all-reduced by hand) and a per-channel one."""
+    run = torchrun("--engine", engine, "--neuron", str(ROOT / "neurons" / f"{spec}.yaml"), "--check", "--tol", "1e-5",
+                   tmp_path=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     line = next(ln for ln in run.stdout.splitlines() if ln.startswith("check:"))
-    assert "(4 of them ours)" in line  # plif's learnable w in each of the four blocks was compared
+    assert "(4 of them ours)" in line  # the learnable w in each of the four blocks was compared
 
 
 @pytest.mark.slow
