@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from flexsn_dsl.bench import COMPILE_MAX_T, Result, _first_call, run_bench
+from flexsn_dsl.bench import Result, _first_call, add_arguments, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 NEURONS = ROOT / "neurons"
@@ -32,9 +32,11 @@ CT_SPECS = ("lif_ct", "cuba_lif_ct", "lif_refractory", "adex_ct", "izhikevich_ct
 
 
 def _bench(specs: list[str], T: int, n: int, device: str) -> list[Result]:
-    args = argparse.Namespace(specs=[str(NEURONS / f"{s}.yaml") for s in specs], steps=[T], neurons=[n],
-                              dtype=["float32"], mode=["training"], peers=[], compile_max_T=COMPILE_MAX_T,
-                              first_call=False, device=device, json=None, param=[])
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)  # bench's own defaults for every option not given here
+    args = parser.parse_args([*(str(NEURONS / f"{s}.yaml") for s in specs), "-T", str(T), "-n", str(n),
+                              "--mode", "training", "--device", device, "--peers"])
+    args.plugin = []  # a global option of the CLI
     return [r for r in run_bench(args) if r.impl == "flexsn-dsl"]
 
 
@@ -67,7 +69,7 @@ def main() -> int:
     (hh,) = _bench(["hh"], T_hh, n_hh, device)
     summary["hh_ms"], summary["hh_floor_ms"], summary["hh_over_floor"] = _best(hh), hh.floor_ms, hh.ratio
     with tempfile.TemporaryDirectory() as cache:
-        summary["hh_first_call_s"] = _first_call(str(NEURONS / "hh.yaml"), T_hh, n_hh, "float32", device, cache)
+        summary["hh_first_call_s"] = _first_call(str(NEURONS / "hh.yaml"), {}, [], T_hh, (n_hh,), "float32", device, cache, {})
     summary["check_s"] = {spec: _check_seconds(spec) for spec in CT_SPECS}
 
     print(f"\nlif_ct / lif, training T={T_lif} N={n_lif}: {summary['lif_ct_over_lif']:.3f}x (target <= 1.05)")
