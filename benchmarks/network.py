@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from torch_cpu import SigmoidSpike  # the same surrogate as lif.yaml (benchmarks/ is on sys.path when run)
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("relu", "ours", "sj", "loop")
@@ -41,21 +42,6 @@ SHAPES = {  # net -> (T, B) full size, quick size
     "vgg": ((4, 64), (2, 4)),
     "shd": ((100, 256), (5, 8)),
 }
-
-
-class SigmoidSpike(torch.autograd.Function):
-    """Heaviside forward, sigmoid surrogate (alpha=4) backward: the surrogate of lif.yaml."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return (x >= 0).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        sg = torch.sigmoid(4.0 * x)
-        return grad * 4.0 * sg * (1 - sg)
 
 
 class LoopLIF(nn.Module):
