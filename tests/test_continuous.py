@@ -101,8 +101,8 @@ def test_exact_cuba_with_equal_time_constants(backend):
     T, tau, R, i0, dt = 40, 4.0, 2.0, 1.5, 0.25
     _, (v, i_syn) = _run(CUBA, torch.zeros(T, 2, dtype=DTYPE), backend)
     t = torch.arange(1, T + 1, dtype=DTYPE) * dt
-    torch.testing.assert_close(v[:, 0].cpu(), R * i0 * t / tau * torch.exp(-t / tau), **TIGHT)
-    torch.testing.assert_close(i_syn[:, 0].cpu(), i0 * torch.exp(-t / tau), **TIGHT)
+    torch.testing.assert_close(v[:, 0], R * i0 * t / tau * torch.exp(-t / tau), **TIGHT)
+    torch.testing.assert_close(i_syn[:, 0], i0 * torch.exp(-t / tau), **TIGHT)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -112,7 +112,7 @@ def test_exact_cuba_with_distinct_time_constants(backend):
     _, (v, _) = _run(CUBA, torch.zeros(T, 2, dtype=DTYPE), backend, params={"tau_s": tau_s})
     t = torch.arange(1, T + 1, dtype=DTYPE) * 0.25
     expected = R * i0 * tau_s / (tau_s - tau_m) * (torch.exp(-t / tau_s) - torch.exp(-t / tau_m))
-    torch.testing.assert_close(v[:, 0].cpu(), expected, **TIGHT)
+    torch.testing.assert_close(v[:, 0], expected, **TIGHT)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
