@@ -38,9 +38,14 @@ def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
     body = [f"{identifier(sym.name)} = {p(expr)}" for sym, expr in ir.assignments]
     outs = "".join(f"{p(s)}, " for s in ir.outputs)
     nexts = "".join(f"{p(s)}, " for s in ir.next_states)
-    body.append(f"return ({outs}), ({nexts})")
+    if ir.recurrent:  # the values fed back through the recurrent weights
+        fed = "".join(f"{p(s)}, " for s in ir.recurrent)
+        body.append(f"return ({outs}), ({nexts}), ({fed})")
+    else:
+        body.append(f"return ({outs}), ({nexts})")
     inits = "".join(f"{p(init)}, " for init in ir.initial_states)
     init_kwargs = ("*, " + ", ".join(params)) if params else ""
+    fed_doc = f", (values fed back to {inputs[len(inputs) - len(ir.recurrent):]})" if ir.recurrent else ""
     return f'''{header}
 import torch
 
@@ -63,7 +68,7 @@ _spike = Spike.apply
 
 
 def step({args}{kwargs}):
-    """One time step: returns (outputs {output_names}), (next states {states})."""
+    """One time step: returns (outputs {output_names}), (next states {states}){fed_doc}."""
 {_indent(body)}
 
 

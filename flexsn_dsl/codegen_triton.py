@@ -33,6 +33,8 @@ class FlexSNInfo:
     names the inputs and learnable parameters whose gradient through the step is identically
     zero (the step does not use them, or only under ``detach`` or in conditions): the runtime
     gives them no gradient from the kernels (None), as the torch backend does.
+    ``recurrent`` lists each recurrent input (one of ``input_names``) with where the value fed
+    back comes from: ``(name, "output", i)``, ``(name, "state", i)`` or ``(name, "other", -1)``.
     """
 
     neuron: str
@@ -53,6 +55,7 @@ class FlexSNInfo:
     zero_grads: tuple[str, ...] = ()                  # inputs and learnable parameters with no gradient
     fixed_names: tuple[str, ...] = ()    # non-learnable runtime parameters (shaped), core arguments after param_names
     shaped_names: tuple[str, ...] = ()   # the runtime parameters with a shape, each read per element from its tensor
+    recurrent: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def num_inputs(self) -> int:
@@ -88,6 +91,10 @@ class FlexSNInfo:
         for kind, index in self.c2k_return_mapping:
             if kind not in ("input", "output", "saved") or isinstance(index, bool) or not isinstance(index, int):
                 raise ValueError(f"bad c2k_return_mapping entry {(kind, index)!r}")
+        for name, kind, index in self.recurrent:
+            identifier(name)
+            if kind not in ("output", "state", "other") or isinstance(index, bool) or not isinstance(index, int):
+                raise ValueError(f"bad recurrent entry {(name, kind, index)!r}")
         for v in (*self.constants.values(), *self.initial_values):
             number(v)
 
@@ -112,6 +119,15 @@ def _tensor(printer: Printer, expr: sympy.Expr, like: str) -> str:
     if expr.free_symbols:
         return printer(expr)
     return f"tl.zeros_like({like}) + {printer(expr)}"
+
+
+def _recurrent_entry(ir: StepIR, name: str, source: sympy.Symbol) -> tuple[str, str, int]:
+    """Where the value a recurrent input feeds back lives in the kernels: an output or a state."""
+    if source in ir.outputs and source not in ir.inputs:
+        return name, "output", ir.outputs.index(source)
+    if source in ir.next_states:
+        return name, "state", ir.next_states.index(source)
+    return name, "other", -1
 
 
 def build_cores(ir: StepIR) -> Cores:
@@ -196,6 +212,8 @@ def build_cores(ir: StepIR) -> Cores:
                                                         backward.results[len(inputs) + len(states):]) if grad == 0),
         fixed_names=ir.fixed_names,
         shaped_names=ir.shaped,
+        recurrent=tuple(_recurrent_entry(ir, inputs[len(inputs) - len(ir.recurrent) + k], sym)
+                        for k, sym in enumerate(ir.recurrent)),
     )
     source = p.helper_source() + "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
     return Cores(forward_name, backward_name, source, info)

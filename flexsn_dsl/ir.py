@@ -38,6 +38,8 @@ class StepIR:
     positions: tuple[SourcePos | None, ...] = ()  # where each assignment was written
     fixed: tuple[sympy.Symbol, ...] = ()      # non-learnable shaped parameters (runtime values, no gradients)
     shaped: tuple[str, ...] = ()              # the runtime parameters with a shape (read per element)
+    # one symbol per recurrent input (the last len(recurrent) of ``inputs``): the value fed back
+    recurrent: tuple[sympy.Symbol, ...] = ()
 
     def replace_exprs(self, rewrite: Callable[[sympy.Expr], sympy.Expr]) -> "StepIR":
         """A copy with ``rewrite`` applied to every assigned expression (for IR passes)."""
@@ -61,12 +63,13 @@ class StepIR:
 
 
 def check_param_names(model: NeuronModel, names) -> None:
-    """Every name given in params= must be a parameter of the spec."""
+    """Every name given in params= must be a parameter of the spec (or a recurrent weight)."""
+    known = [*model.parameters, *(r.weight_name for r in model.recurrent.values())]
     for name in names:
-        if name not in model.parameters:
-            hint = closest(str(name), model.parameters)
+        if name not in known:
+            hint = closest(str(name), known)
             raise SpecError(f"{model.file}: params= names {name!r}, which is not a parameter of {model.name!r}",
-                            hint=hint or f"parameters: {', '.join(model.parameters) or 'none'}")
+                            hint=hint or f"parameters: {', '.join(known) or 'none'}")
 
 
 def param_value(name: str, value: object, pos: SourcePos | None = None) -> float:
@@ -97,7 +100,9 @@ def resolve_params(model: NeuronModel, overrides: Mapping[str, float] | None) ->
     values = {p.name: p.value for p in model.parameters.values()}
     lines = model.text.splitlines()
     check_param_names(model, overrides or {})
-    for name, value in (overrides or {}).items():
+    weights = {r.weight_name for r in model.recurrent.values()}  # tensors the module takes (runtime.py)
+    overrides = {k: v for k, v in (overrides or {}).items() if k not in weights}
+    for name, value in overrides.items():
         try:
             values[name] = param_value(name, value, model.parameters[name].pos)
         except SpecError as exc:
@@ -127,7 +132,7 @@ def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
     surrogate = model.surrogate.gradient_with(model.surrogate_params)
     return StepIR(
         name=model.name,
-        inputs=tuple(real_symbol(n) for n in model.inputs),
+        inputs=tuple(real_symbol(n) for n in [*model.inputs, *model.recurrent]),
         states=tuple(real_symbol(n) for n in model.states),
         params=tuple(real_symbol(n) for n in model.learnable),
         assignments=tuple((a.symbol, expr) for a, expr in zip(steps, folded.steps)),
@@ -140,6 +145,7 @@ def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
         positions=tuple(a.pos for a in steps),
         fixed=tuple(real_symbol(n) for n in model.runtime_params if not model.parameters[n].learnable),
         shaped=tuple(model.shaped),
+        recurrent=tuple(r.symbol for r in model.recurrent.values()),
     )
 
 

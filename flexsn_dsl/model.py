@@ -25,7 +25,7 @@ from .source import Node, parse_yaml, read_spec
 from .symbolic import Detach, Spike, nonlinear_term, real_symbol
 
 CONTINUOUS_KEYS = ("equations", "method", "threshold", "reset", "detach_reset", "refractory")
-TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "surrogate", "step", *CONTINUOUS_KEYS,
+TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "recurrent", "surrogate", "step", *CONTINUOUS_KEYS,
                   "outputs", "passes")
 REQUIRED_KEYS = ("neuron", "states")
 METHODS = ("exact", "euler", "rk2", "rk4", "exponential_euler")
@@ -98,6 +98,27 @@ class State:
 
 
 @dataclass(frozen=True)
+class Recurrent:
+    """``NAME: {from: SOURCE}``: a per-step value ``NAME_t = W · SOURCE_{t-1}`` over the last
+    dimension, with a learnable ``NAME_weight`` W [N, N]; ``symbol`` is SOURCE's value after a
+    step (its next-state symbol for a state)."""
+
+    name: str
+    source: str
+    symbol: sympy.Symbol
+    pos: SourcePos
+
+    @property
+    def weight_name(self) -> str:
+        return f"{self.name}_weight"
+
+    @property
+    def prev_name(self) -> str:
+        """The key of the carried previous value of SOURCE in ``FlexSN.states``."""
+        return f"{self.name}_prev"
+
+
+@dataclass(frozen=True)
 class Assignment:
     """One line of ``step``: ``symbol = expr`` (``symbol`` is unique; ``name`` the user's)."""
 
@@ -155,6 +176,7 @@ class NeuronModel:
     positions: dict[str, SourcePos] = field(default_factory=dict)
     continuous: Continuous | None = None  # set for `equations` specs (then ``steps`` is empty)
     warnings: list[SpecWarning] = field(default_factory=list)
+    recurrent: dict[str, Recurrent] = field(default_factory=dict)
 
     @property
     def checked_lines(self) -> list[Assignment]:
@@ -321,19 +343,21 @@ class _Builder:
         inputs = self._inputs()
         parameters = self._parameters()
         states = self._states(parameters)
+        recurrent_nodes = self._recurrent_names()
         surrogate, surrogate_params = self._surrogate()
         continuous = None
         if "equations" in top:
-            continuous, next_states, env = self._continuous(inputs, parameters, states)
+            continuous, next_states, env = self._continuous(inputs, parameters, states, list(recurrent_nodes))
             steps: list[Assignment] = []
             default_outputs = [SPIKE_OUTPUT] if continuous.threshold is not None else list(states)
         else:
-            steps, next_states, env, default_outputs = self._steps(inputs, parameters, states)
+            steps, next_states, env, default_outputs = self._steps(inputs, parameters, states, list(recurrent_nodes))
         outputs = self._outputs(env, default_outputs)
+        recurrent = self._recurrent(recurrent_nodes, steps, continuous, next_states, env, outputs)
         passes = self._passes()
         model = NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
                             surrogate_params, steps, outputs, next_states, passes,
-                            {k: self._key_pos(k) for k in top}, continuous, self.warnings)
+                            {k: self._key_pos(k) for k in top}, continuous, self.warnings, recurrent)
         fold_values(model, {p.name: p.value for p in parameters.values()},
                     lambda n: f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})")
         return model
@@ -562,7 +586,61 @@ class _Builder:
                             "choose other parameter values (a division by zero or a negative root here)")
         return surrogate, values
 
-    def _steps(self, inputs, parameters, states):
+    def _recurrent_names(self) -> dict[str, Node]:
+        """The names `recurrent` declares (each a per-step value like an input) -> their `from` node."""
+        node = self._get("recurrent")
+        if node is None:
+            return {}
+        self._expect(node, "mapping", "`recurrent`", "recurrent: {r: {from: s}}")
+        if not node.value:
+            raise SpecError("`recurrent` is empty", node.pos, "write recurrent: {r: {from: s}}, or remove the key")
+        out = {}
+        for name, value in node.value.items():
+            pos = node.key_pos[name]
+            self._identifier(name, pos, "recurrent input")
+            self._declare(name, "recurrent input", pos)
+            for derived, what in ((f"{name}_weight", "its weight"), (f"{name}_prev", "its carried previous value")):
+                if derived in self.declared:
+                    kind, other = self.declared[derived]
+                    raise SpecError(f"recurrent input {name!r} names {what} {derived!r}, which collides with the "
+                                    f"{kind} {derived!r} (line {other.line})", pos, "rename one of them")
+            if value.kind != "mapping" or "from" not in value.value:
+                raise SpecError(f"recurrent input {name!r} must say where it comes from", value.pos,
+                                f"write {name}: {{from: s}} (s: the step name, state or output fed back)")
+            for key in value.value:
+                if key != "from":
+                    raise SpecError(f"unknown key {key!r} in recurrent input {name!r}", value.key_pos[key],
+                                    closest(key, ("from",)) or "a recurrent input takes only `from`")
+            source = value.value["from"]
+            self._expect(source, "scalar", f"`from` of recurrent input {name!r}", f"{name}: {{from: s}}")
+            out[name] = source
+        return out
+
+    def _recurrent(self, nodes: dict[str, Node], steps: list[Assignment], continuous: Continuous | None,
+                   next_states: dict[str, sympy.Symbol], env: dict[str, sympy.Expr],
+                   outputs: list[tuple[str, sympy.Symbol]]) -> dict[str, Recurrent]:
+        """Check each recurrent input's source (a step name, state or output) and that the spec uses it."""
+        sources = {**{a.name: a.symbol for a in steps}, **next_states, **dict(outputs)}
+        if continuous is not None and continuous.threshold is not None:
+            sources.setdefault(SPIKE_OUTPUT, env[SPIKE_OUTPUT])
+        lines = continuous.lines if continuous is not None else steps
+        used = set().union(*(a.expr.free_symbols for a in lines)) if lines else set()
+        where = "`equations`, `threshold` or `reset`" if continuous is not None else "`step`"
+        out = {}
+        for name, node in nodes.items():
+            source = node.value
+            if not isinstance(source, str) or source not in sources:
+                hint = closest(str(source), sources)
+                raise SpecError(f"recurrent input {name!r} comes from {source!r}, which is not a step name, state "
+                                "or output", node.pos, hint or f"choose one of: {', '.join(sources)}")
+            if real_symbol(name) not in used:
+                raise SpecError(f"recurrent input {name!r} is used nowhere in {where}", self.root.value["recurrent"]
+                                .key_pos[name], f"use {name} like an input (e.g. h: v + (x + {name} - v) / tau), "
+                                "or remove it")
+            out[name] = Recurrent(name, source, sources[source], self.root.value["recurrent"].key_pos[name])
+        return out
+
+    def _steps(self, inputs, parameters, states, recurrent=()):
         node = self.root.value["step"]
         self._expect(node, "mapping", "`step`", "step: {s: spike(v - 1.0)}")
         if not node.value:
@@ -571,14 +649,14 @@ class _Builder:
             name = list(node.value)[MAX_STEP_LINES]
             raise SpecError(f"`step` has {len(node.value)} lines, more than the limit of {MAX_STEP_LINES}",
                             node.key_pos[name], "a neuron needs far fewer: check that this is the right file")
-        env: dict[str, sympy.Expr] = {n: real_symbol(n) for n in [*inputs, *parameters, *states]}
+        env: dict[str, sympy.Expr] = {n: real_symbol(n) for n in [*inputs, *recurrent, *parameters, *states]}
         later = {k: node.key_pos[k] for k in node.value if k not in states}
         steps, next_states, spike_names = [], {}, []
         for name, value in node.value.items():
             pos = node.key_pos[name]
             self._identifier(name, pos, "step")
             kind = self.declared.get(name, ("", None))[0]
-            if kind in ("input", "parameter"):
+            if kind in ("input", "parameter", "recurrent input"):
                 raise SpecError(f"cannot assign the {kind} {name!r}", pos,
                                 f"a step may assign states and new names; rename this line")
             expr = self._expression(value, env, f"step {name!r}", later=later,
@@ -597,7 +675,7 @@ class _Builder:
             next_states.setdefault(name, real_symbol(name))
         return steps, next_states, env, spike_names
 
-    def _continuous(self, inputs, parameters, states):
+    def _continuous(self, inputs, parameters, states, recurrent=()):
         """`equations` with `method`, `threshold`, `reset`, `detach_reset` and `refractory`."""
         top = self.root.value
         node = top["equations"]
@@ -613,7 +691,7 @@ class _Builder:
                                                                                      else ""),
                             dt.pos, "write dt: 0.5 (a number of time units, not learnable)")
         user_states = [n for n in states if n != REFRACTORY_STATE]
-        env = {n: real_symbol(n) for n in [*inputs, *parameters, *user_states]}
+        env = {n: real_symbol(n) for n in [*inputs, *recurrent, *parameters, *user_states]}
         equations: dict[str, Assignment] = {}
         for name, value in node.value.items():
             pos = node.key_pos[name]

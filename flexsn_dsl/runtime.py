@@ -1,6 +1,7 @@
 """Stage 6: the runtime: an ``nn.Module`` running the generated torch step or Triton kernels."""
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from pathlib import Path
@@ -32,6 +33,11 @@ class FlexSN(nn.Module):
     broadcasts against each step's input. Scalar constants are float64 0-dim buffers whose
     values are baked into the generated code: loading a state dict that changes one
     re-specialises the code for the new values (:meth:`specialize`).
+
+    A spec with ``recurrent: {r: {from: s}}`` has an ``nn.Parameter`` ``r_weight`` [N, N]
+    (from ``values``, else initialised as ``nn.Linear``'s weight; N from ``sizes["N"]`` or
+    that tensor). Each step takes ``r_t = s_{t-1} @ r_weight.T`` over the last dimension of the
+    inputs; ``states["r_prev"]`` carries the last ``s`` across calls (zero after :meth:`reset`).
     """
 
     def __init__(self, compiled: Compiled, step_mode: str = "m", backend: str = "auto",
@@ -51,7 +57,12 @@ class FlexSN(nn.Module):
         self._triton_error: SpecError | MissingDependency | None = None
         self._plugin_files: tuple[str, ...] = ()
         self._warned_missing = False
-        self._register_parameters(sizes, values or {})
+        values = values or {}
+        weights = {r.weight_name: values[r.weight_name] for r in compiled.model.recurrent.values()
+                   if r.weight_name in values}
+        sizes = self._recurrent_size(sizes, weights)
+        self._register_parameters(sizes, {k: v for k, v in values.items() if k not in weights})
+        self._register_recurrent(sizes or {}, weights)
         self._prepare()
 
     def _register_parameters(self, sizes: dict[str, int] | None, values: dict[str, torch.Tensor]) -> None:
@@ -76,6 +87,50 @@ class FlexSN(nn.Module):
     def _constants(self) -> list[str]:
         """The parameters whose values are baked into the generated code (scalar, not learnable)."""
         return [p.name for p in self.spec.parameters.values() if not (p.learnable or p.shaped)]
+
+    def _recurrent_size(self, sizes: dict[str, int] | None, weights: dict[str, object]) -> dict[str, int] | None:
+        """``sizes`` with N fixed by the recurrent weights given (each must be a tensor [N, N])."""
+        n = sizes.get("N") if isinstance(sizes, Mapping) else None
+        for name, w in weights.items():
+            if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] != w.shape[1] or \
+                    (isinstance(n, int) and w.shape[0] != n):
+                shape = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+                raise ShapeError(f"params[{name!r}] must be a tensor of shape [N, N]"
+                                 + (f" with N = {n}" if isinstance(n, int) else "") + f", not {shape} (N: the "
+                                 "neurons, the size of the last dimension of the inputs)")
+            n = w.shape[0]
+        return {**(sizes or {}), "N": n} if n is not None and isinstance(sizes, (Mapping, type(None))) else sizes
+
+    def _register_recurrent(self, sizes: dict[str, int], weights: dict[str, torch.Tensor]) -> None:
+        """One ``NAME_weight`` [N, N] parameter per recurrent input of the spec."""
+        model = self._compiled.model
+        if not model.recurrent:
+            return
+        first = next(iter(model.recurrent.values()))
+        lines = model.text.splitlines()
+        if self.backend == "triton":
+            from .triton_recurrent import check
+            check(self._compiled)
+            if self.store_state_seqs:
+                raise SpecError(f"{model.name}: the Triton backend's recurrent kernel does not store state "
+                                "sequences", first.pos, 'use store_state_seqs=False or backend="torch"').with_source(lines)
+        n = sizes.get("N")
+        if n is None:  # fixed by a shaped parameter's tensor?
+            n = next((getattr(self, p.name).shape[p.shape.index("N")] for p in model.parameters.values()
+                      if p.shaped and "N" in p.shape), None)
+        if n is None:
+            raise SpecError(f"{model.name}: recurrent input {first.name!r} needs the number of neurons N",
+                            first.pos, f"load with sizes={{'N': 256}} or params={{{first.weight_name!r}: "
+                            "torch.randn(N, N)}").with_source(lines)
+        for r in model.recurrent.values():
+            # (no module attribute ends in _weight; the model refuses a parameter or state named so)
+            given = weights.get(r.weight_name)
+            if given is not None:
+                w = given.detach().clone().to(given.dtype if given.is_floating_point() else torch.get_default_dtype())
+            else:
+                w = torch.empty(n, n)
+                nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # nn.Linear's weight initialisation
+            self.register_parameter(r.weight_name, nn.Parameter(w))
 
     def _prepare(self) -> None:
         # Generate the torch step now rather than lazily inside ``forward``: the lazy path
@@ -197,6 +252,13 @@ class FlexSN(nn.Module):
     def _choose_backend(self, x: torch.Tensor) -> str:
         if self.backend == "torch":
             return "torch"
+        if self.spec.recurrent and self.backend == "auto":
+            from .triton_recurrent import unsupported
+            reason = unsupported(self._compiled) or ("store_state_seqs" if self.store_state_seqs else None)
+            if x.is_cuda and reason is not None and self._triton_error is None:
+                self._triton_error = SpecError(f"{self.spec.name}: {reason}")
+                warnings.warn(f"flexsn-dsl: {self.spec.name}: runs with the torch backend: {reason}", stacklevel=3)
+            return "triton" if x.is_cuda and reason is None else "torch"
         if self.backend == "triton":
             return "triton"
         if x.is_cuda:
@@ -247,12 +309,20 @@ class FlexSN(nn.Module):
             else:
                 states = self._initial_states(values, first)
         states = [s.to(device=first.device, dtype=first.dtype) for s in states]
+        fed = self._fed_back(first, names[0])
         if backend == "torch":
-            outputs, finals, seqs = self._run_torch(inputs, states)
+            outputs, finals, seqs, fed = self._run_torch(inputs, states, fed)
+        elif self.spec.recurrent:
+            from .triton_recurrent import run_recurrent
+            (rec,) = self.spec.recurrent.values()
+            outputs, finals, fed = run_recurrent(self._compiled, inputs, states, fed[0], getattr(self, rec.weight_name),
+                                                 self._param_values())
+            seqs = []
         else:
             outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, self._param_values(),
                                                self.store_state_seqs)
         self.states = dict(zip(self.spec.states, finals))
+        self.states.update({r.prev_name: f for r, f in zip(self.spec.recurrent.values(), fed)})
         if self.store_state_seqs:
             self.state_seqs = dict(zip(self.spec.states, seqs))
             if self.step_mode == "s":
@@ -261,14 +331,34 @@ class FlexSN(nn.Module):
             outputs = [o[0] for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor]):
+    def _fed_back(self, first: torch.Tensor, name: str) -> list[torch.Tensor]:
+        """The carried previous value of each recurrent input's source (zeros after reset())."""
+        out = []
+        for r in self.spec.recurrent.values():
+            n = getattr(self, r.weight_name).shape[0]
+            if first.dim() == 0 or first.shape[-1] != n:
+                raise ShapeError(f"{self.spec.name}: recurrent input {r.name!r} needs steps of input {name!r} whose "
+                                 f"last dimension is N = {n} (the neurons), got step shape {list(first.shape)} "
+                                 f"(step_mode={self.step_mode!r}): give inputs of shape [T, ..., N] (step_mode='m') "
+                                 "or [..., N] (step_mode='s')")
+            prev = self.states.get(r.prev_name)
+            out.append(first.new_zeros(first.shape) if prev is None or prev.shape != first.shape
+                       else prev.to(device=first.device, dtype=first.dtype))
+        return out
+
+    def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor], fed: list[torch.Tensor]):
         step = self._compiled.torch_namespace["step"]
         shaped = set(self.spec.shaped)  # computed in the inputs' dtype, like the 0-dim scalars
         params = {k: v.to(inputs[0].dtype) if k in shaped else v for k, v in self._param_values().items()}
+        weights = [getattr(self, r.weight_name).to(inputs[0].dtype) for r in self.spec.recurrent.values()]
         per_step_outputs, per_step_states = [], []
         for t in range(inputs[0].shape[0]):
             xs = [x[t] for x in inputs]
-            outs, states = step(*xs, *states, **params)
+            if weights:  # r_t[..., i] = sum_j W[i, j] * source_{t-1}[..., j]
+                outs, states, fed = step(*xs, *(f @ w.T for f, w in zip(fed, weights)), *states, **params)
+                fed = [_like(f, xs[0]) for f in fed]
+            else:
+                outs, states = step(*xs, *states, **params)
             states = [_like(s, xs[0]) for s in states]
             per_step_outputs.append([_like(o, xs[0]) for o in outs])
             if self.store_state_seqs:
@@ -276,7 +366,7 @@ class FlexSN(nn.Module):
         outputs = [_stack([o[k] for o in per_step_outputs], inputs[0]) for k in range(len(self.spec.outputs))]
         seqs = [_stack([s[k] for s in per_step_states], inputs[0]) for k in range(len(self.spec.states))] \
             if self.store_state_seqs else []
-        return outputs, list(states), seqs
+        return outputs, list(states), seqs, list(fed)
 
 
 def _floating(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -326,8 +416,9 @@ def load(path: str | os.PathLike, params: dict[str, float | torch.Tensor] | None
     """Load a spec file as an ``nn.Module``.
 
     ``params`` overrides parameter values: numbers, or tensors (a shaped parameter's tensor
-    has its shape, and fixes the sizes it names); ``sizes`` gives the size names used in
-    parameter shapes (``{"C": 64}``); ``plugins`` are extra plugin files (Python files with
+    has its shape, and fixes the sizes it names; a recurrent spec's ``{"r_weight": tensor}``
+    [N, N] gives its weight); ``sizes`` gives the size names used in parameter shapes
+    (``{"C": 64}``; ``{"N": 256}``: the neurons of a recurrent spec); ``plugins`` are extra plugin files (Python files with
     ``@flexsn_dsl.hookimpl`` functions); ``passes`` enables code-generation passes by name.
     Raises :class:`flexsn_dsl.SpecError` on a bad spec, :class:`flexsn_dsl.ShapeError` on a
     tensor that does not fit.
@@ -359,11 +450,13 @@ def _load(source, text, params, step_mode, backend, store_state_seqs, plugins, p
     compiled = compile_spec(source, text=text, params=numbers, plugins=plugins, passes=passes)
     model = compiled.model
     check_param_names(model, tensors)
-    shaped = {k: v for k, v in tensors.items() if model.parameters[k].shaped}
-    if len(shaped) < len(tensors):  # a scalar parameter takes a number (refused with the reason)
-        scalars = {k: v for k, v in tensors.items() if k not in shaped}
+    weights = {r.weight_name: params[r.weight_name] for r in model.recurrent.values()
+               if isinstance(params, Mapping) and r.weight_name in params}
+    shaped = {k: v for k, v in tensors.items() if k not in weights and model.parameters[k].shaped}
+    if len(shaped) + len(weights.keys() & tensors.keys()) < len(tensors):  # a scalar parameter takes a number
+        scalars = {k: v for k, v in tensors.items() if k not in shaped and k not in weights}
         compiled = compile_spec(source, text=text, params={**numbers, **scalars}, plugins=plugins, passes=passes)
     m = FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs, sizes=sizes,
-               values=shaped)
+               values={**shaped, **weights})
     m._plugin_files = plugins  # so that copies and unpickled modules find the same plugins
     return m

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from .codegen_triton import Cores, FlexSNInfo
 from .literals import identifier, value
-from .names import VARIANTS, kernel_name
+from .names import RECURRENT_VARIANTS, VARIANTS, kernel_name
 from .printer import float_literal
 
 HEAVISIDE = '''@triton.jit
@@ -206,10 +206,142 @@ def _backward_kernel(cores: Cores) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _recurrent_parts(info: FlexSNInfo) -> tuple[str, str, list[str]]:
+    """The recurrent input, the kernel variable holding the value it feeds back, the other inputs."""
+    (r, _, index), = info.recurrent
+    return r, info.output_vars[index], [n for n in info.input_names if n != r]
+
+
+def _recurrent_head(weight_index: str, comment: str) -> list[str]:
+    """A program owns _BLOCK_B rows of the batch and all _N features (padded to _NP); the weight
+    tile is loaded once and stays on chip for the _T steps."""
+    return [f"{I1}_rows = tl.program_id(0) * _BLOCK_B + tl.arange(0, _BLOCK_B)",
+            f"{I1}_cols = tl.arange(0, _NP)",
+            f"{I1}_mask = (_rows[:, None] < _B) & (_cols[None, :] < _N)",
+            f"{I1}_offs = tl.cast(_rows[:, None], tl.int64) * _N + _cols[None, :]",
+            f"{I1}_step = tl.cast(_B, tl.int64) * _N",
+            f"{I1}_w = tl.load(_weight + {weight_index}, mask=(_cols[:, None] < _N) & (_cols[None, :] < _N), "
+            f"other=0.0).to(_DOT_DTYPE)  # {comment}"]
+
+
+def _dot(a: str) -> str:
+    return f"tl.dot({a}.to(_DOT_DTYPE), _w, input_precision=\"ieee\", out_dtype=_DTYPE)"
+
+
+def _recurrent_signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
+    lines = ["@triton.jit", f"def {identifier(kernel_name(info.neuron, name))}("]
+    lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
+    lines += [f"{I1}_T, _B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _DTYPE: tl.constexpr, "
+              f"_DOT_DTYPE: tl.constexpr{flags},", "):"]
+    return lines
+
+
+def _recurrent_forward_kernel(cores: Cores) -> str:
+    """The forward of a recurrent spec (inference with ``_TRAIN`` off): each step computes
+    ``r = prev @ W.T`` with ``tl.dot``, runs the forward core, and feeds the output back."""
+    info = cores.info
+    r, fed, inputs = _recurrent_parts(info)
+    written = [f"{n}__out" for n in info.output_names]
+    kept = [f"{n}__saved" for n in info.saved_names] + [f"{r}__in"]
+    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names)
+    lines = _recurrent_signature(info, "recurrent_forward", [
+        ([f"{n}__in" for n in inputs] + [f"{n}__init" for n in info.state_names] + [f"{r}__init", "_weight"],
+         "inputs [T, B, N], initial states [B, N], the value fed back before step 0 [B, N], weight [N, N]"),
+        (written + kept + [f"{n}__final" for n in info.state_names] + [f"{r}__final"],
+         f"written (the saved values, and {r} if the backward reads it, when training)"),
+        (["_params"] if info.param_names else [], f"learnable parameters {list(info.param_names)}"),
+    ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""))
+    lines += [f'{I1}"""Recurrent forward of {info.neuron} over _T steps for _BLOCK_B rows of the batch."""']
+    lines += _recurrent_head("_cols[None, :] * _N + _cols[:, None]", "_w[j, i] = W[i, j]")
+    lines += _params_load(info)
+    loads = [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
+    if info.initial_values:
+        lines += _if("_CONST_INIT", [f"{I1}{n} = tl.full([_BLOCK_B, _NP], {float_literal(v)}, _DTYPE)"
+                                     for n, v in zip(info.state_names, info.initial_values)], loads)
+    else:
+        lines += loads
+    lines += [f"{I1}_prev = {_load(f'{r}__init + _offs')}"]
+    walking = [f"{n}__in" for n in inputs] + written + kept
+    lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
+    lines += [f"{I1}for _t in range(0, _T):"]
+    lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in inputs]
+    lines += [f"{I2}{r} = {_dot('_prev')}"]
+    lines += [f"{I2}{', '.join(info.fwd_core_recipients)} = {cores.forward_name}({', '.join(call_args)})"]
+    lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
+    lines += [f"{I2}_prev = {fed}"]
+    lines += [f"{I2}{_store(f'{n}__out_ptr', v)}" for n, v in zip(info.output_names, info.output_vars)]
+    lines += [f"{I2}if _TRAIN:"]
+    lines += [f"{I2}{I1}{_store(f'{n}__saved_ptr', f'{n}__saved_t')}" for n in info.saved_names]
+    if ("input", info.input_names.index(r)) in info.c2k_return_mapping:  # the backward reads r
+        lines += [f"{I2}{I1}{_store(f'{r}__in_ptr', r)}"]
+    lines += [f"{I2}{p}_ptr += _step" for p in walking]
+    lines += [f"{I1}{_store(f'{n}__final + _offs', n)}" for n in info.state_names]
+    lines += [f"{I1}{_store(f'{r}__final + _offs', '_prev')}"]
+    return "\n".join(lines) + "\n"
+
+
+def _recurrent_backward_kernel(cores: Cores) -> str:
+    """The reverse recursion of a recurrent spec in one kernel: the gradient reaching the value fed
+    back at step t is ``g_{t+1} @ W`` (``g``: the gradient of the recurrent input, written for the
+    weight gradient, which the runtime takes from one matrix product)."""
+    info = cores.info
+    r, _, inputs = _recurrent_parts(info)
+    fed_output = info.output_names[info.recurrent[0][2]]
+    kept = [f"{n}__saved" for n in info.saved_names] + [f"{n}__in" for n in info.input_names] + \
+           [f"{n}__out" for n in info.output_names]
+    suffix = {"saved": "__saved", "input": "__in", "output": "__out"}
+    names = {"saved": info.saved_names, "input": info.input_names, "output": info.output_names}
+    read = [f"{names[kind][i]}{suffix[kind]}" for kind, i in info.c2k_return_mapping]
+    read_unique = sorted(set(read), key=kept.index)
+    grad_out = [f"{n}__grad_out" for n in info.output_names]
+    grad_in = [f"{n}__grad_in" for n in info.input_names]
+    walking = grad_out + read_unique + grad_in
+    call_args = [f"{x}_t" for x in read] + [f"{n}__grad_out_t" for n in info.output_names] + \
+                [f"{n}__grad_next" for n in info.state_names] + list(info.param_names)
+    results = [f"{n}__grad_in_t" for n in info.input_names] + [f"{n}__grad_acc" for n in info.state_names] + \
+              [f"{n}__grad_t" for n in info.param_names]
+    lines = _recurrent_signature(info, "recurrent_backward", [
+        (grad_out + [f"{n}__grad_final" for n in info.state_names] + [f"{r}__grad_final"], "upstream gradients"),
+        (kept + ["_weight"], "what the forward kept, weight [N, N]"),
+        (grad_in + [f"{n}__grad_init" for n in info.state_names] + [f"{r}__grad_init"], "written"),
+        (["_params", "_params_grad"] if info.param_names else [],
+         "learnable parameters; per-block partial gradients [blocks, P]"),
+    ], ", _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
+    lines += [f'{I1}"""Recurrent backward of {info.neuron}: time runs in reverse through the steps and W."""']
+    lines += _recurrent_head("_cols[:, None] * _N + _cols[None, :]", "_w[i, j] = W[i, j]")
+    lines += _params_load(info)
+    finals = [f"{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
+    zeros = [f"{n}__grad_acc = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)" for n in info.state_names]
+    lines += _if("_HAS_FINAL_GRADS", [I1 + x for x in finals + [f"_fb = {_load(f'{r}__grad_final + _offs')}"]],
+                 [I1 + x for x in zeros + ["_fb = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)"]])
+    lines += [f"{I1}{n}__grad_sum = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)" for n in info.param_names]
+    lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _step"]
+    lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking]
+    lines += [f"{I1}for _t in range(0, _T):"]
+    lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
+    lines += [f"{I2}{fed_output}__grad_out_t += _fb"]
+    lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
+    lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
+    lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
+    lines += [f"{I2}_fb = {_dot(f'{r}__grad_in_t')}"]
+    lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
+    lines += [f"{I2}{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
+    lines += [f"{I2}{p}_ptr -= _step" for p in walking]
+    lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
+                                       for n in info.state_names] + [f"{I1}{_store(f'{r}__grad_init + _offs', '_fb')}"])
+    lines += [f"{I1}tl.store(_params_grad + tl.program_id(0) * {info.num_params} + {k}, "
+              f"tl.sum(tl.sum({n}__grad_sum, axis=1), axis=0))" for k, n in enumerate(info.param_names)]
+    return "\n".join(lines) + "\n"
+
+
 def kernel_source(cores: Cores, variant: str) -> str:
     """Source of one multi-step kernel variant."""
     if variant == "backward":
         return _backward_kernel(cores)
+    if variant == "recurrent_forward":
+        return _recurrent_forward_kernel(cores)
+    if variant == "recurrent_backward":
+        return _recurrent_backward_kernel(cores)
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; variants: {', '.join(VARIANTS)}")
     return _forward_kernel(cores, variant)
@@ -217,7 +349,8 @@ def kernel_source(cores: Cores, variant: str) -> str:
 
 def module_source(cores: Cores, header: str) -> str:
     """A complete Python module: imports, cores, every kernel variant and INFO."""
-    kernels = "\n\n".join(kernel_source(cores, v) for v in VARIANTS)
+    recurrent = RECURRENT_VARIANTS if [kind for _, kind, _ in cores.info.recurrent] == ["output"] else ()
+    kernels = "\n\n".join(kernel_source(cores, v) for v in VARIANTS + recurrent)
     helpers = HEAVISIDE + ("\n\n" + SEGMENTED_ADD if set(cores.info.param_names) & set(cores.info.shaped_names) else "")
     return (f"{header}\n"
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n"

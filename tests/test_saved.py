@@ -30,6 +30,7 @@ RECORDED = {
     "lif": (("h",), ("s__u", "s")),
     "lif_hetero": (("x", "v"), ("alpha", "h", "s__u", "s")),  # (added with it: the exhaustive search's choice)
     "lif_soft": (("s__u",), ()),
+    "lsnn": (("a", "s__u"), ()),
     "modulated_lif": (("m", "h", "s1__u"), ("s1", "s2__u", "s2", "v_hard", "v_soft", "gate")),
     "plif": (("x", "v"), ("h", "s__u", "s")),
     "plif_channel": (("x", "v"), ("h", "s__u", "s")),  # (added with it: the exhaustive search's choice)
@@ -43,6 +44,7 @@ RECORDED = {
     "izhikevich_ct": (("I", "v", "u"), ("v__k", "u__k", "v__int", "s__u", "s")),
     "hh": (("I", "V", "m", "h", "n", "refractory"),
            ("V__A", "V__BA", "m__A", "m__BA", "h__A", "h__BA", "n__A", "n__BA", "V__next")),
+    "rlif": (("h",), ("s__u", "s")),
 }
 
 

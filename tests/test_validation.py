@@ -327,6 +327,12 @@ def test_generated_names_are_the_generated_modules_functions():
     compiled = compile_spec(text=simple(neuron="lif"))
     tree = ast.parse(compiled.triton_source)
     functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert functions == generated_names("lif", recurrent=False) | {"_heaviside"}
+    recurrent = compile_spec(text=simple(neuron="lif", input="x", param="w").replace("x * w", "(x + r) * w")
+                             + "recurrent: {r: {from: s}}\n")
+    assert recurrent.model.recurrent
+    tree = ast.parse(recurrent.triton_source)
+    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     assert functions == generated_names("lif") | {"_heaviside"}
 
 

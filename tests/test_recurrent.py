@@ -1,0 +1,340 @@
+"""Recurrent inputs (``recurrent: {r: {from: s}}``, language v2 section 3) on both backends against
+hand-written torch loops in float64: outputs, final states, the carried previous value, and the
+gradients of the inputs, the recurrent weight and the learnable parameters, across calls without
+reset(); the Triton kernel (tl.dot in the fused time loop) runs in Triton's interpreter here."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import flexsn_dsl
+from flexsn_dsl import ShapeError, SpecError
+
+NEURONS = Path(__file__).resolve().parents[1] / "neurons"
+DTYPE = torch.float64
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+RLIF = """\
+neuron: rlif_test
+parameters: {tau: {value: 2.0, learnable: true}, v_th: 1.0}
+states: {v: 0.0}
+recurrent:
+  r: {from: s}
+surrogate: atan
+step:
+  h: v + (x + r - v) / tau
+  s: spike(h - v_th)
+  v: h * (1 - s)
+"""
+
+
+def _atan_spike(u: torch.Tensor) -> torch.Tensor:
+    """Heaviside forward, SpikingJelly's atan surrogate (alpha=2) backward, by hand."""
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, u):
+            ctx.save_for_backward(u)
+            return (u >= 0).to(u.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            (u,) = ctx.saved_tensors
+            return g * 1.0 / (1.0 + (math.pi / 2 * 2.0 * u) ** 2)
+    return Fn.apply(u)
+
+
+def _rlif_loop(x, v, prev, w, tau, v_th=1.0):
+    """The hand-written recurrent LIF: returns spikes [T, ...], final v, last spikes."""
+    out = []
+    for t in range(x.shape[0]):
+        r = torch.einsum("ij,...j->...i", w, prev)
+        h = v + (x[t] + r - v) / tau
+        s = _atan_spike(h - v_th)
+        v = h * (1 - s)
+        prev = s
+        out.append(s)
+    return torch.stack(out), v, prev
+
+
+def _rlif(n: int, backend: str = "torch", **kwargs):
+    return flexsn_dsl.loads(RLIF, sizes={"N": n}, backend=backend, **kwargs).to(DTYPE)
+
+
+@pytest.mark.parametrize("backend,shape", [("torch", (3, 7)), ("torch", (1, 2, 5)), ("torch", (4, 16)),
+                                           ("triton", (3, 7)), ("triton", (2, 10, 5)), ("triton", (1, 17))], ids=str)
+def test_rlif_two_calls_match_hand_loop(backend, shape):
+    torch.manual_seed(0)
+    n = shape[-1]
+    m = _rlif(n, backend)
+    w = m.r_weight.detach().clone().requires_grad_(True)
+    tau = m.tau.detach().clone().requires_grad_(True)
+    x1 = (torch.rand(6, *shape, dtype=DTYPE) * 2.5).requires_grad_(True)
+    x2 = (torch.rand(5, *shape, dtype=DTYPE) * 2.5).requires_grad_(True)
+    y1, y2 = m(x1), m(x2)  # no reset(): the second call continues from the first
+    v_m, prev_m = m.states["v"], m.states["r_prev"]
+
+    zero = torch.zeros(shape, dtype=DTYPE)
+    r1, v, prev = _rlif_loop(x1, zero, zero, w, tau)
+    r2, v, prev = _rlif_loop(x2, v, prev, w, tau)
+    for got, want in ((y1, r1), (y2, r2), (v_m, v), (prev_m, prev)):
+        torch.testing.assert_close(got, want, **TOL)
+    assert 0 < float(y1.detach().sum() + y2.detach().sum()) < y1.numel() + y2.numel(), "no spikes or all spikes: meaningless"
+
+    gen = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randn(t.shape, generator=gen, dtype=DTYPE) for t in (y1, y2, v_m))
+    ((a * y1).sum() + (b * y2).sum() + (c * v_m).sum() + (c * prev_m).sum()).backward()
+    want = torch.autograd.grad((a * r1).sum() + (b * r2).sum() + (c * v).sum() + (c * prev).sum(),
+                               [x1, x2, w, tau])
+    for got, ref in zip((x1.grad, x2.grad, m.r_weight.grad, m.tau.grad), want):
+        assert ref.abs().sum() > 0
+        torch.testing.assert_close(got, ref, **TOL)
+
+
+def test_reset_zeroes_the_carried_value_and_single_step_equals_multi_step():
+    torch.manual_seed(1)
+    m = _rlif(5)
+    x = torch.rand(7, 2, 5, dtype=DTYPE) * 3
+    y = m(x).detach()
+    assert m.states["r_prev"].abs().sum() > 0
+    m.reset()
+    assert m.states == {}
+    torch.testing.assert_close(m(x), y, **TOL)
+    s = flexsn_dsl.loads(RLIF, sizes={"N": 5}, backend="torch", step_mode="s").to(DTYPE)
+    s.load_state_dict(m.state_dict())
+    torch.testing.assert_close(torch.stack([s(x[t]) for t in range(7)]), y, **TOL)
+
+
+def test_weight_init_like_linear_and_from_params():
+    m = flexsn_dsl.loads(RLIF, sizes={"N": 300})
+    w = m.r_weight
+    assert isinstance(w, torch.nn.Parameter) and w.shape == (300, 300)
+    bound = 1 / math.sqrt(300)  # nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    w = w.detach()
+    assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.95 * bound
+    assert abs(float(w.mean())) < 0.05 * bound
+    assert "r_weight" in m.state_dict()
+    given = torch.randn(6, 6, dtype=DTYPE)
+    m = flexsn_dsl.loads(RLIF, params={"r_weight": given, "v_th": 0.5})
+    assert torch.equal(m.r_weight.detach(), given) and m.r_weight.data_ptr() != given.data_ptr()
+
+
+def _leaky_rnn(n: int, backend: str = "torch"):
+    """A spike-free recurrent spec (smooth, so finite differences check every gradient)."""
+    text = """\
+neuron: leaky_rnn
+parameters: {tau: {value: 3.0, learnable: true}}
+states: {v: 0.5}
+recurrent:
+  q: {from: u}
+step:
+  u: tanh(v)
+  v: v + (x + q - v) / tau
+outputs: [u, v]
+"""
+    return flexsn_dsl.loads(text, sizes={"N": n}, backend=backend).to(DTYPE)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_gradcheck_through_two_calls(backend):
+    torch.manual_seed(2)
+    m = _leaky_rnn(3, backend)
+    x1 = torch.randn(3, 2, 3, dtype=DTYPE, requires_grad=True)
+    x2 = torch.randn(2, 2, 3, dtype=DTYPE, requires_grad=True)
+    w = m.q_weight.detach().clone().requires_grad_(True)
+    tau = m.tau.detach().clone().requires_grad_(True)
+
+    def f(x1, x2, w, tau):  # the module with w and tau as its parameters, functionally
+        params = {"q_weight": w, "tau": tau}
+        m.reset()
+        out1 = torch.func.functional_call(m, params, (x1,))
+        out2 = torch.func.functional_call(m, params, (x2,))
+        return (*out1, *out2, m.states["q_prev"])
+
+    assert torch.autograd.gradcheck(f, (x1, x2, w, tau), fast_mode=backend == "triton")  # interpreter: fewer calls
+    # and the carried value is the previous u: q at the first step of the second call is W u
+    u1, _, u2, v2, prev = f(x1, x2, w, tau)
+    torch.testing.assert_close(prev, u2[-1], **TOL)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_equals_hand_loop_for_non_spike_source(backend):
+    torch.manual_seed(3)
+    m = _leaky_rnn(4, backend)
+    x = torch.randn(5, 3, 4, dtype=DTYPE)
+    u, v = m(x)
+    w, tau = m.q_weight.detach(), m.tau.detach()
+    vv, prev = torch.full((3, 4), 0.5, dtype=DTYPE), torch.zeros(3, 4, dtype=DTYPE)
+    for t in range(5):
+        uu = torch.tanh(vv)
+        vv = vv + (x[t] + prev @ w.T - vv) / tau
+        torch.testing.assert_close(u[t], uu, **TOL)
+        torch.testing.assert_close(v[t], vv, **TOL)
+        prev = uu
+
+
+# -- the zoo's recurrent neurons ----------------------------------------------------
+
+def _lsnn_loop(x, w, p):
+    """Bellec et al. 2018 LSNN by hand: leaky v, soft reset by v_th, threshold v_th + beta * a."""
+    alpha, rho = math.exp(-1 / p["tau_m"]), math.exp(-1 / p["tau_a"])
+    v = a = prev = torch.zeros(x.shape[1:], dtype=DTYPE)
+    out = []
+    for t in range(x.shape[0]):
+        h = alpha * v + (1 - alpha) * (x[t] + prev @ w.T)
+        s = _triangle(h - (p["v_th"] + p["beta"] * a))
+        z = s.detach()
+        v = h - z * p["v_th"]
+        a = rho * a + (1 - rho) * z
+        prev = s
+        out.append(s)
+    return torch.stack(out), v, a
+
+
+def _triangle(u):
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, u):
+            ctx.save_for_backward(u)
+            return (u >= 0).to(u.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            (u,) = ctx.saved_tensors
+            return g * torch.clamp(1.0 - u.abs(), min=0.0)  # triangle, alpha = 1
+    return Fn.apply(u)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_zoo_lsnn_matches_hand_loop(backend):
+    torch.manual_seed(4)
+    m = flexsn_dsl.load(NEURONS / "lsnn.yaml", sizes={"N": 9}, backend=backend).to(DTYPE)
+    p = {"tau_m": 20.0, "tau_a": 200.0, "v_th": 0.5}
+    x = (torch.rand(30, 3, 9, dtype=DTYPE) * 4).requires_grad_(True)
+    y = m(x)
+    w = m.r_weight.detach().clone().requires_grad_(True)
+    beta = m.beta.detach().clone().requires_grad_(True)
+    ref, v, a = _lsnn_loop(x, w, {**p, "beta": beta})
+    torch.testing.assert_close(y, ref, **TOL)
+    torch.testing.assert_close(m.states["v"], v, **TOL)
+    torch.testing.assert_close(m.states["a"], a, **TOL)
+    assert 0 < float(y.detach().sum()) < y.numel()
+    g = torch.randn(y.shape, dtype=DTYPE)
+    want = torch.autograd.grad((g * ref).sum(), [x, w, beta])
+    assert all(t.abs().sum() > 0 for t in want)
+    (g * y).sum().backward()
+    for got, ref_grad in zip((x.grad, m.r_weight.grad, m.beta.grad), want):
+        torch.testing.assert_close(got, ref_grad, **TOL)
+
+
+def test_zoo_rlif_matches_hand_loop():
+    torch.manual_seed(5)
+    m = flexsn_dsl.load(NEURONS / "rlif.yaml", sizes={"N": 6}, backend="torch").to(DTYPE)
+    x = torch.rand(8, 2, 6, dtype=DTYPE) * 2.5
+    w = m.r_weight.detach()
+    v = prev = torch.zeros(2, 6, dtype=DTYPE)
+    for t in range(8):
+        h = v + (x[t] + prev @ w.T - v) / 2.0
+        s = (h >= 1.0).to(DTYPE)
+        v = h * (1 - s)
+        prev = s
+    y = m(x)
+    torch.testing.assert_close(y[-1], prev, **TOL)
+    torch.testing.assert_close(m.states["v"], v, **TOL)
+
+
+# -- errors --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("replace,message,line,col", [
+    ("r: {from: q}", "comes from 'q', which is not a step name, state or output", 5, 13),
+    ("x: {from: s}", "recurrent input 'x' collides with the input 'x'", 5, 3),
+    ("v: {from: s}", "recurrent input 'v' collides with the state", 5, 3),
+    ("tau: {from: s}", "recurrent input 'tau' collides with the parameter", 5, 3),
+    ("r: {from: s}\n  r2: {from: s}", "recurrent input 'r2' is used nowhere in `step`", 6, 3),
+    ("r: s", "must say where it comes from", 5, 6),
+    ("r: {from: s, to: v}", "unknown key 'to'", 5, 16),
+])
+def test_spec_errors_point_at_the_source(replace, message, line, col):
+    text = RLIF.replace("r: {from: s}", replace)
+    with pytest.raises(SpecError) as info:
+        flexsn_dsl.loads(text, sizes={"N": 4}, filename="rnn.yaml")
+    assert message in str(info.value)
+    assert (info.value.file, info.value.line, info.value.col) == ("rnn.yaml", line, col), str(info.value)
+
+
+def test_derived_names_and_assignment_are_refused():
+    with pytest.raises(SpecError, match="'r_prev', which collides with the state 'r_prev'"):
+        flexsn_dsl.loads(RLIF.replace("states: {v: 0.0}", "states: {v: 0.0, r_prev: 0.0}"), sizes={"N": 4})
+    with pytest.raises(SpecError, match="cannot assign the recurrent input 'r'"):
+        flexsn_dsl.loads(RLIF.replace("  v: h * (1 - s)", "  v: h * (1 - s)\n  r: v"), sizes={"N": 4})
+
+
+def test_sizes_and_shapes_are_checked():
+    with pytest.raises(SpecError, match=r"needs the number of neurons N[\s\S]*sizes=\{'N': 256\}"):
+        flexsn_dsl.loads(RLIF)
+    with pytest.raises(ShapeError, match=r"shape \[N, N\] with N = 4, not \[3, 3\]"):
+        flexsn_dsl.loads(RLIF, sizes={"N": 4}, params={"r_weight": torch.zeros(3, 3)})
+    with pytest.raises(ShapeError, match=r"not \[3, 4\]"):
+        flexsn_dsl.loads(RLIF, params={"r_weight": torch.zeros(3, 4)})
+    with pytest.raises(SpecError, match="size 'N' must be a positive whole number, got 0"):
+        flexsn_dsl.loads(RLIF, sizes={"N": 0})
+    m = flexsn_dsl.loads(RLIF, sizes={"N": 4})
+    with pytest.raises(ShapeError, match=r"last dimension is N = 4 .*step shape \[2, 5\]"):
+        m(torch.zeros(3, 2, 5))
+    s = flexsn_dsl.loads(RLIF, sizes={"N": 4}, step_mode="s")
+    with pytest.raises(ShapeError, match=r"step shape \[\]"):
+        s(torch.zeros(()))
+
+
+def test_triton_refuses_what_the_fused_kernel_does_not_run():
+    with pytest.raises(SpecError, match="feeds back outputs only: recurrent input 'r' comes from 'v'") as info:
+        flexsn_dsl.loads(RLIF.replace("{from: s}", "{from: v}"), sizes={"N": 4}, backend="triton",
+                         filename="rnn.yaml")
+    assert (info.value.line, info.value.col) == (5, 3)
+    with pytest.raises(SpecError, match="does not store state sequences"):
+        flexsn_dsl.loads(RLIF, sizes={"N": 4}, backend="triton", store_state_seqs=True)
+    m = flexsn_dsl.loads(RLIF, sizes={"N": 513}, backend="triton")
+    with pytest.raises(ValueError, match="at most N = 512 neurons per layer, got N = 513"):
+        m(torch.zeros(1, 1, 513))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, dict(rtol=1e-5, atol=1e-5)),
+                                       (torch.bfloat16, dict(rtol=2e-2, atol=2e-2))], ids=str)
+def test_triton_matches_torch_in_low_precision(dtype, tol):
+    """float32 and bfloat16 storage: the Triton kernel against the torch backend on the same weights
+    (spike counts may differ where a membrane lands within rounding of the threshold)."""
+    torch.manual_seed(6)
+    a = flexsn_dsl.loads(RLIF, sizes={"N": 12}, backend="torch")
+    b = flexsn_dsl.loads(RLIF, sizes={"N": 12}, backend="triton")
+    b.load_state_dict(a.state_dict())
+    x = torch.rand(6, 5, 12) * 2.5
+    xa, xb = (x.to(dtype).requires_grad_(True) for _ in range(2))
+    ya, yb = a(xa), b(xb)
+    assert yb.dtype == dtype
+    assert float((ya != yb).float().mean()) < 0.02
+    same = (ya == yb).all(0)  # rows whose spike trains agree: their membranes must agree
+    torch.testing.assert_close(b.states["v"][same].float(), a.states["v"][same].float(), **tol)
+    ya.float().sum().backward()
+    yb.float().sum().backward()
+    torch.testing.assert_close(b.r_weight.grad, a.r_weight.grad, **{k: 10 * v for k, v in tol.items()})
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_torch_compile_fullgraph_matches_eager(backend):
+    """One graph (no breaks) over both calls' T steps, forward and backward; aot_eager keeps the test
+    fast on the CPU while still tracing with dynamo and AOT autograd (the custom operators' fakes)."""
+    torch.manual_seed(7)
+    eager, compiled = _rlif(6, backend), _rlif(6, backend)
+    compiled.load_state_dict(eager.state_dict())
+    run = torch.compile(compiled, fullgraph=True, backend="aot_eager")
+    x = torch.rand(5, 3, 6, dtype=DTYPE) * 2.5
+    ys = [m(x) for m in (eager, eager)], [run(x), run(x)]  # two calls: the carried value flows through
+    for a, b in zip(*ys):
+        torch.testing.assert_close(b, a, **TOL)
+    for (a, b), m in zip([ys[0], ys[1]], (eager, compiled)):
+        (a.sum() + 2 * b.sum() + m.states["v"].sum()).backward()
+    torch.testing.assert_close(compiled.r_weight.grad, eager.r_weight.grad, **TOL)
+    torch.testing.assert_close(compiled.tau.grad, eager.tau.grad, **TOL)
+    assert eager.r_weight.grad.abs().sum() > 0
