@@ -1,22 +1,31 @@
-"""flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels."""
+"""flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels.
+
+The runtime (torch, Triton) is imported on first use of :func:`load`, :func:`loads`,
+:class:`FlexSN` or the simulation, so that checking a spec (``flexsn-dsl check``) needs
+only the parser and sympy.
+"""
 from __future__ import annotations
 
-import os as _os
-
-if "TRITON_INTERPRET" not in _os.environ:
-    import torch as _torch
-
-    if not _torch.cuda.is_available():
-        # No GPU: run generated kernels through Triton's interpreter. Triton reads this
-        # when it is imported, so it must be set before the first `import triton`.
-        _os.environ["TRITON_INTERPRET"] = "1"
-
-from .version import __version__  # noqa: E402
-from .errors import MissingDependency, PluginError, ShapeError, SourcePos, SpecError  # noqa: E402
-from .hookspecs import hookimpl, hookspec  # noqa: E402
-from .codegen_triton import FlexSNInfo  # noqa: E402
-from .runtime import FlexSN, load, loads  # noqa: E402
-from .simulation import Simulation, simulate  # noqa: E402
+from .version import __version__
+from .errors import MissingDependency, PluginError, ShapeError, SourcePos, SpecError
+from .hookspecs import hookimpl, hookspec
+from .codegen_triton import FlexSNInfo
 
 __all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PluginError", "ShapeError", "Simulation", "SourcePos",
            "SpecError", "hookimpl", "hookspec", "load", "loads", "simulate", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("FlexSN", "load", "loads"):
+        from . import runtime as module
+    elif name in ("Simulation", "simulate"):
+        from . import simulation as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

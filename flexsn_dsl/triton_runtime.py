@@ -7,7 +7,13 @@ import os
 from typing import NamedTuple, Sequence
 
 import torch
-import triton
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    # No GPU: run generated kernels through Triton's interpreter. Set before the first
+    # `import triton` (older Triton versions read it only then).
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402
 
 from .compiler import Compiled
 from .names import kernel_name

@@ -100,6 +100,18 @@ def test_check_the_zoo(tmp_path):
         assert f"ok  {path.relative_to(ROOT)}  neuron {name}:" in proc.stdout
 
 
+def test_check_needs_neither_torch_nor_triton(tmp_path):
+    """`check` parses, validates and derives, without importing the runtime (it is what makes it fast)."""
+    code = ("import sys\nfrom flexsn_dsl.cli import main\n"
+            f"code = main(['check', {str(NEURONS / 'hh.yaml')!r}, {str(NEURONS / 'lif.yaml')!r}])\n"
+            "print(code, sorted(m for m in ('torch', 'triton') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, FLEXSN_DSL_CACHE=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0 []"
+    assert "ok  " in proc.stdout and "neuron hh:" in proc.stdout
+
+
 # --------------------------------------------------------------------------
 # build
 # --------------------------------------------------------------------------
