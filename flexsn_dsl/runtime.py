@@ -108,12 +108,6 @@ class FlexSN(nn.Module):
             return
         first = next(iter(model.recurrent.values()))
         lines = model.text.splitlines()
-        if self.backend == "triton":
-            from .triton_recurrent import check
-            check(self._compiled)
-            if self.store_state_seqs:
-                raise SpecError(f"{model.name}: the Triton backend's recurrent kernel does not store state "
-                                "sequences", first.pos, 'use store_state_seqs=False or backend="torch"').with_source(lines)
         n = sizes.get("N")
         if n is None:  # fixed by a shaped parameter's tensor?
             n = next((getattr(self, p.name).shape[p.shape.index("N")] for p in model.parameters.values()
@@ -122,6 +116,12 @@ class FlexSN(nn.Module):
             raise SpecError(f"{model.name}: recurrent input {first.name!r} needs the number of neurons N",
                             first.pos, f"load with sizes={{'N': 256}} or params={{{first.weight_name!r}: "
                             "torch.randn(N, N)}").with_source(lines)
+        if self.backend == "triton":
+            from .triton_recurrent import check
+            check(self._compiled, n)
+            if self.store_state_seqs:
+                raise SpecError(f"{model.name}: the Triton backend's recurrent kernel does not store state "
+                                "sequences", first.pos, 'use store_state_seqs=False or backend="torch"').with_source(lines)
         for r in model.recurrent.values():
             # (no module attribute ends in _weight; the model refuses a parameter or state named so)
             given = weights.get(r.weight_name)
@@ -252,13 +252,15 @@ class FlexSN(nn.Module):
     def _choose_backend(self, x: torch.Tensor) -> str:
         if self.backend == "torch":
             return "torch"
-        if self.spec.recurrent and self.backend == "auto":
+        if self.spec.recurrent and self.backend == "auto" and x.is_cuda and self._triton_error is None:
             from .triton_recurrent import unsupported
-            reason = unsupported(self._compiled) or ("store_state_seqs" if self.store_state_seqs else None)
-            if x.is_cuda and reason is not None and self._triton_error is None:
-                self._triton_error = SpecError(f"{self.spec.name}: {reason}")
-                warnings.warn(f"flexsn-dsl: {self.spec.name}: runs with the torch backend: {reason}", stacklevel=3)
-            return "triton" if x.is_cuda and reason is None else "torch"
+            n = next(getattr(self, r.weight_name).shape[0] for r in self.spec.recurrent.values())
+            reason = unsupported(self._compiled, n) or ("store_state_seqs" if self.store_state_seqs else None)
+            if reason is None:
+                return "triton"
+            self._triton_error = SpecError(f"{self.spec.name}: {reason}")  # said once; the torch step from now on
+            warnings.warn(f"flexsn-dsl: {self.spec.name}: runs with the torch backend: {reason}", stacklevel=3)
+            return "torch"
         if self.backend == "triton":
             return "triton"
         if x.is_cuda:

@@ -11,6 +11,8 @@ Variants:
   forward                training: outputs, saved values, state sequences, final states
   forward_final_state    training: outputs, saved values, final states
   backward               time reversed: gradients of inputs, initial states and parameters
+  recurrent_forward      specs with `recurrent`: a program owns rows of the batch and all N
+  recurrent_backward     features, with the weight on chip and ``tl.dot`` in the time loop
 
 Flags (constexpr, so each setting compiles to its own kernel without dead branches):
 ``_CONST_INIT`` starts the states from the spec's constant initial values instead of
@@ -28,9 +30,13 @@ per value, ``__size``: values), never a full-size copy. The backward reduces the
 gradient of a learnable shaped parameter per block, by a segmented scan over the
 block's neurons, into ``<name>__grad`` [segments, ``<name>__split``] (a segment: the
 neurons sharing one value; split: the blocks one segment can span), which the runtime
-sums: deterministic, no atomics.
+sums: deterministic, no atomics. The recurrent kernels read them the same way (a step's
+offset is row · N + feature) and write a learnable one's gradient per element [B, N], summed
+over the steps, which the runtime reduces to the parameter's values.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from .codegen_triton import Cores, FlexSNInfo
 from .literals import identifier, value
@@ -149,24 +155,37 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _backward_kernel(cores: Cores) -> str:
-    """Reads upstream gradients ``s__grad_out``, ``v__grad_states``, ``v__grad_final`` and the kept
-    ``h__saved``, ``x__in``, ``s__out``; writes ``x__grad_in``, ``v__grad_init`` and per-block
-    partial parameter gradients ``_params_grad``."""
-    info = cores.info
+class _BackwardNames(NamedTuple):
+    """The pointer arguments and core call of a backward kernel (plain or recurrent)."""
+    kept: list[str]         # what the forward kept: saved values, inputs, outputs
+    read_unique: list[str]  # the kept sequences the backward core reads, each once
+    grad_out: list[str]
+    grad_in: list[str]
+    call_args: list[str]    # the backward core's arguments (``<kept>_t`` for a read sequence)
+    results: list[str]      # what it returns: input and state gradients, parameter gradients
+
+
+def _backward_names(info: FlexSNInfo) -> _BackwardNames:
     kept = [f"{n}__saved" for n in info.saved_names] + [f"{n}__in" for n in info.input_names] + \
            [f"{n}__out" for n in info.output_names]
     suffix = {"saved": "__saved", "input": "__in", "output": "__out"}
     names = {"saved": info.saved_names, "input": info.input_names, "output": info.output_names}
     read = [f"{names[kind][i]}{suffix[kind]}" for kind, i in info.c2k_return_mapping]
-    read_unique = sorted(set(read), key=kept.index)
-    grad_out = [f"{n}__grad_out" for n in info.output_names]
-    grad_in = [f"{n}__grad_in" for n in info.input_names]
-    walking = grad_out + read_unique + grad_in
     call_args = [f"{r}_t" for r in read] + [f"{n}__grad_out_t" for n in info.output_names] + \
                 [f"{n}__grad_next" for n in info.state_names] + list(info.param_names) + list(info.fixed_names)
     results = [f"{n}__grad_in_t" for n in info.input_names] + [f"{n}__grad_acc" for n in info.state_names] + \
               [f"{n}__grad_t" for n in info.param_names]
+    return _BackwardNames(kept, sorted(set(read), key=kept.index), [f"{n}__grad_out" for n in info.output_names],
+                          [f"{n}__grad_in" for n in info.input_names], call_args, results)
+
+
+def _backward_kernel(cores: Cores) -> str:
+    """Reads upstream gradients ``s__grad_out``, ``v__grad_states``, ``v__grad_final`` and the kept
+    ``h__saved``, ``x__in``, ``s__out``; writes ``x__grad_in``, ``v__grad_init`` and per-block
+    partial parameter gradients ``_params_grad``."""
+    info = cores.info
+    kept, read_unique, grad_out, grad_in, call_args, results = _backward_names(info)
+    walking = grad_out + read_unique + grad_in
     param_args, param_comment = _param_args(info)
     grads = ["_params_grad"] if info.scalar_params else []
     grads += [f"{n}__{k}" for n in info.param_names if n in info.shaped_names for k in ("grad", "split")]
@@ -243,13 +262,13 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     r, fed, inputs = _recurrent_parts(info)
     written = [f"{n}__out" for n in info.output_names]
     kept = [f"{n}__saved" for n in info.saved_names] + [f"{r}__in"]
-    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names)
+    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names)
     lines = _recurrent_signature(info, "recurrent_forward", [
         ([f"{n}__in" for n in inputs] + [f"{n}__init" for n in info.state_names] + [f"{r}__init", "_weight"],
          "inputs [T, B, N], initial states [B, N], the value fed back before step 0 [B, N], weight [N, N]"),
         (written + kept + [f"{n}__final" for n in info.state_names] + [f"{r}__final"],
          f"written (the saved values, and {r} if the backward reads it, when training)"),
-        (["_params"] if info.param_names else [], f"learnable parameters {list(info.param_names)}"),
+        _param_args(info),
     ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""))
     lines += [f'{I1}"""Recurrent forward of {info.neuron} over _T steps for _BLOCK_B rows of the batch."""']
     lines += _recurrent_head("_cols[None, :] * _N + _cols[:, None]", "_w[j, i] = W[i, j]")
@@ -285,27 +304,18 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     back at step t is ``g_{t+1} @ W`` (``g``: the gradient of the recurrent input, written for the
     weight gradient, which the runtime takes from one matrix product)."""
     info = cores.info
-    r, _, inputs = _recurrent_parts(info)
+    r, _, _ = _recurrent_parts(info)
     fed_output = info.output_names[info.recurrent[0][2]]
-    kept = [f"{n}__saved" for n in info.saved_names] + [f"{n}__in" for n in info.input_names] + \
-           [f"{n}__out" for n in info.output_names]
-    suffix = {"saved": "__saved", "input": "__in", "output": "__out"}
-    names = {"saved": info.saved_names, "input": info.input_names, "output": info.output_names}
-    read = [f"{names[kind][i]}{suffix[kind]}" for kind, i in info.c2k_return_mapping]
-    read_unique = sorted(set(read), key=kept.index)
-    grad_out = [f"{n}__grad_out" for n in info.output_names]
-    grad_in = [f"{n}__grad_in" for n in info.input_names]
+    kept, read_unique, grad_out, grad_in, call_args, results = _backward_names(info)
     walking = grad_out + read_unique + grad_in
-    call_args = [f"{x}_t" for x in read] + [f"{n}__grad_out_t" for n in info.output_names] + \
-                [f"{n}__grad_next" for n in info.state_names] + list(info.param_names)
-    results = [f"{n}__grad_in_t" for n in info.input_names] + [f"{n}__grad_acc" for n in info.state_names] + \
-              [f"{n}__grad_t" for n in info.param_names]
+    shaped_grads = [n for n in info.param_names if n in info.shaped_names]
     lines = _recurrent_signature(info, "recurrent_backward", [
         (grad_out + [f"{n}__grad_final" for n in info.state_names] + [f"{r}__grad_final"], "upstream gradients"),
         (kept + ["_weight"], "what the forward kept, weight [N, N]"),
         (grad_in + [f"{n}__grad_init" for n in info.state_names] + [f"{r}__grad_init"], "written"),
-        (["_params", "_params_grad"] if info.param_names else [],
-         "learnable parameters; per-block partial gradients [blocks, P]"),
+        _param_args(info),
+        ((["_params_grad"] if info.scalar_params else []) + [f"{n}__grad" for n in shaped_grads],
+         "partial parameter gradients: scalars [blocks, P]; shaped [B, N] (summed over the steps)"),
     ], ", _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
     lines += [f'{I1}"""Recurrent backward of {info.neuron}: time runs in reverse through the steps and W."""']
     lines += _recurrent_head("_cols[:, None] * _N + _cols[None, :]", "_w[i, j] = W[i, j]")
@@ -330,7 +340,8 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names] + [f"{I1}{_store(f'{r}__grad_init + _offs', '_fb')}"])
     lines += [f"{I1}tl.store(_params_grad + tl.program_id(0) * {info.num_params} + {k}, "
-              f"tl.sum(tl.sum({n}__grad_sum, axis=1), axis=0))" for k, n in enumerate(info.param_names)]
+              f"tl.sum(tl.sum({n}__grad_sum, axis=1), axis=0))" for k, n in enumerate(info.scalar_params)]
+    lines += [f"{I1}{_store(f'{n}__grad + _offs', f'{n}__grad_sum')}" for n in shaped_grads]
     return "\n".join(lines) + "\n"
 
 

@@ -8,20 +8,20 @@ with W. The weight gradient Σ_t g_tᵀ s_{t-1} is one matrix product over the s
 from __future__ import annotations
 
 import torch
-import triton
 
 from .compiler import Compiled
 from .errors import SpecError
 from .names import kernel_name
-from .triton_runtime import (_REGISTRY, Kernels, _compute_dtype, _kernels_for, _torch_compute_dtype, interpreting)
+from .triton_runtime import (_REGISTRY, Kernels, _compute_dtype, _kernels_for, _param_args, _stack,
+                             _torch_compute_dtype, interpreting, kernel_params)
 
 BLOCK_B = 16  # rows of the batch per program (tl.dot needs at least 16)
 MAX_N = 512   # features one program holds (the weight tile stays on chip)
 
 
-def unsupported(compiled: Compiled) -> str | None:
-    """Why the fused recurrent kernels cannot run this spec, or None when they can (from the model
-    alone: no lowering, so that this runs inside torch.compile too)."""
+def unsupported(compiled: Compiled, n: int | None = None) -> str | None:
+    """Why the fused recurrent kernels cannot run this spec with ``n`` neurons, or None when they
+    can (from the model alone: no lowering, so that this runs inside torch.compile too)."""
     model = compiled.model
     if len(model.recurrent) != 1:
         return "the Triton backend runs specs with one recurrent input"
@@ -29,29 +29,32 @@ def unsupported(compiled: Compiled) -> str | None:
     if rec.source not in [name for name, _ in model.outputs] or rec.source in model.inputs:
         return (f"the Triton backend feeds back outputs only: recurrent input {rec.name!r} comes from "
                 f"{rec.source!r}; list {rec.source!r} in `outputs`")
-    if model.shaped:
-        return (f"the Triton backend's recurrent kernel takes scalar parameters only, but {model.shaped[0]!r} has a "
-                "shape")
+    if n is not None and n > MAX_N:
+        return (f"the Triton backend's recurrent kernel holds at most N = {MAX_N} neurons per layer (the weight "
+                f"stays on chip), got N = {n}: use layers of at most {MAX_N} neurons")
     return None
 
 
 def _dot_dtype(dtype: torch.dtype):
     """The operands' type of the step's matrix product: 16-bit storage multiplies in 16 bits on the
     GPU (accumulating in float32) and in float32 in Triton's interpreter (whose 16-bit tl.dot is wrong)."""
-    import triton.language as tl
+    import triton.language as tl  # (after .triton_runtime, which turns the interpreter on where there is no GPU)
     if dtype in (torch.float64, torch.float32) or interpreting():
         return _compute_dtype(dtype)
     return tl.float16 if dtype == torch.float16 else tl.bfloat16
 
 
+def _blocks(b: int) -> int:
+    """Programs for ``b`` rows of the batch."""
+    return -(-b // BLOCK_B)
+
+
 def _padded(n: int) -> int:
-    if n > MAX_N:
-        raise ValueError(f"the Triton backend's recurrent kernel holds at most N = {MAX_N} neurons per layer, "
-                         f"got N = {n}: use backend='torch' for larger layers")
+    """N padded to a power of two >= 16 (tl.dot); N > MAX_N is refused when the module is built."""
     return max(16, 1 << (n - 1).bit_length())
 
 
-def _forward(kernels: Kernels, xs, inits, prev, weight, params: list[torch.Tensor]) -> list[torch.Tensor]:
+def _forward(kernels: Kernels, xs, inits, prev, weight, params, shaped, layout) -> list[torch.Tensor]:
     """Outputs (shaped like the inputs), then flat [T, B, N] saved values and the recurrent input,
     final states and the final value fed back. Empty ``inits``: the spec's constant initial states."""
     info = kernels.info
@@ -66,10 +69,10 @@ def _forward(kernels: Kernels, xs, inits, prev, weight, params: list[torch.Tenso
     finals = [x.new_empty(B, N) for _ in [*info.state_names, "fed"]]
     if T and B and N:
         args = [*flat, *(init or [prev] * len(info.state_names)), prev, weight.contiguous(), *outs, *saved, *finals]
-        args += [torch.stack(params)] if params else []
+        args += _param_args(info, _stack(params), shaped, layout)
         flags = {"_CONST_INIT": not init} if info.initial_values else {}
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_forward"))
-        kernel[(triton.cdiv(B, BLOCK_B),)](*args, **_meta(x, T, B, N), _TRAIN=True, **flags)
+        kernel[(_blocks(B),)](*args, **_meta(x, T, B, N), _TRAIN=True, **flags)
     else:
         starts = [s.clone() for s in init] if init else [x.new_full((B, N), v) for v in info.initial_values]
         finals = [*starts, prev.clone()]
@@ -87,9 +90,15 @@ def _meta(x: torch.Tensor, T: int, B: int, N: int) -> dict:
                 _DOT_DTYPE=_dot_dtype(x.dtype))
 
 
-def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, init_grads: bool):
+def _learnable_shaped(info) -> list[int]:
+    """Indices (in ``info.shaped_names``) of the learnable shaped parameters."""
+    return [k for k, n in enumerate(info.shaped_names) if n in info.param_names]
+
+
+def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, shaped, layout, init_grads: bool):
     """Gradients of the inputs, the initial states (when ``init_grads``), the value fed back before
-    the first step, the weight and the parameters (a vector, empty when none)."""
+    the first step, the weight, the scalar parameters (a vector, empty when none) and each learnable
+    shaped parameter's values."""
     info = kernels.info
     x = xs[0]
     T, N, shape = x.shape[0], x.shape[-1], x.shape
@@ -102,34 +111,41 @@ def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, in
     g_final = [x.new_zeros(B, N) if g is None else g.reshape(B, N).contiguous() for g in finals]
     grad_in = [x.new_zeros(T, B, N) for _ in info.input_names]
     grad_init = [g.clone() for g in g_final]  # T = 0: the final values are the initial ones
-    blocks = triton.cdiv(B, BLOCK_B)
-    partial = x.new_zeros(blocks, len(info.param_names), dtype=_torch_compute_dtype(x.dtype))
+    blocks = _blocks(B)
+    compute = _torch_compute_dtype(x.dtype)
+    partial = x.new_zeros(blocks, info.num_params, dtype=compute)
+    per_element = [x.new_zeros(B * N, dtype=compute) for _ in _learnable_shaped(info)]
     if T and B and N:
         args = [*g_out, *g_final, *saved[:-1], *flat_in, *flat_out, weight.contiguous(), *grad_in, *grad_init]
-        args += [torch.stack(params), partial] if params else []
+        args += _param_args(info, _stack(params), shaped, layout)
+        args += ([partial] if info.scalar_params else []) + per_element
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_backward"))
         kernel[(blocks,)](*args, **_meta(x, T, B, N), _HAS_FINAL_GRADS=any(g is not None for g in finals),
                           _WRITE_INIT_GRADS=True)
     # the weight gradient: the sum over steps and rows of g_t^T s_{t-1}, one matrix product
     fed = flat_out[info.recurrent[0][2]]
     before = torch.cat([prev.reshape(1, B, N), fed[:-1]])
-    compute = _torch_compute_dtype(x.dtype)
     grad_w = grad_in[-1].reshape(T * B, N).to(compute).T @ before.reshape(T * B, N).to(compute)
+    # a shaped parameter's value k is read at the offsets o with (o // inner) % size == k
+    grad_shaped = [g.reshape(-1, layout[2 * k + 1], layout[2 * k]).sum((0, 2))
+                   for g, k in zip(per_element, _learnable_shaped(info))]
     return [*(g.reshape(shape) for g in grad_in[:-1]), *(g.reshape(shape[1:]) for g in grad_init[:-1] if init_grads),
-            grad_init[-1].reshape(shape[1:]), grad_w.to(weight.dtype), partial.sum(0)]
+            grad_init[-1].reshape(shape[1:]), grad_w.to(weight.dtype), partial.sum(0), *grad_shaped]
 
 
 # -- custom operators, so that eager calls and torch.compile(fullgraph=True) run the same opaque code --
 
 @torch.library.custom_op("flexsn_dsl::recurrent_forward", mutates_args=())
 def recurrent_forward(key: str, xs: list[torch.Tensor], inits: list[torch.Tensor], prev: torch.Tensor,
-                      weight: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
-    """See :func:`_forward`; ``params`` holds each learnable parameter as a 0-dim tensor."""
-    return _forward(_kernels_for(key, xs[0]), xs, inits, prev, weight, params)
+                      weight: torch.Tensor, params: list[torch.Tensor], shaped: list[torch.Tensor],
+                      layout: list[int]) -> list[torch.Tensor]:
+    """See :func:`_forward`; ``params`` holds each learnable scalar parameter as a 0-dim tensor,
+    ``shaped`` and ``layout`` the shaped parameters (:func:`flexsn_dsl.triton_runtime.kernel_params`)."""
+    return _forward(_kernels_for(key, xs[0]), xs, inits, prev, weight, params, shaped, layout)
 
 
 @recurrent_forward.register_fake
-def _recurrent_forward_fake(key, xs, inits, prev, weight, params):
+def _recurrent_forward_fake(key, xs, inits, prev, weight, params, shaped, layout):
     info = _REGISTRY[key].info
     x = xs[0]
     T, N = x.shape[0], x.shape[-1]
@@ -142,38 +158,49 @@ def _recurrent_forward_fake(key, xs, inits, prev, weight, params):
 @torch.library.custom_op("flexsn_dsl::recurrent_backward", mutates_args=())
 def recurrent_backward(key: str, grads: list[torch.Tensor | None], saved: list[torch.Tensor], xs: list[torch.Tensor],
                        outs: list[torch.Tensor], prev: torch.Tensor, weight: torch.Tensor, params: list[torch.Tensor],
-                       init_grads: bool) -> list[torch.Tensor]:
+                       shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
     """See :func:`_backward`."""
-    return _backward(_kernels_for(key, xs[0]), grads, saved, xs, outs, prev, weight, params, init_grads)
+    return _backward(_kernels_for(key, xs[0]), grads, saved, xs, outs, prev, weight, params, shaped, layout,
+                     init_grads)
 
 
 @recurrent_backward.register_fake
-def _recurrent_backward_fake(key, grads, saved, xs, outs, prev, weight, params, init_grads):
+def _recurrent_backward_fake(key, grads, saved, xs, outs, prev, weight, params, shaped, layout, init_grads):
     info = _REGISTRY[key].info
     x = xs[0]
     dtype = _torch_compute_dtype(x.dtype)
     return ([x.new_empty(x.shape) for _ in xs] + [x.new_empty(x.shape[1:]) for _ in info.state_names if init_grads] +
-            [x.new_empty(x.shape[1:]), weight.new_empty(weight.shape), x.new_empty(len(params), dtype=dtype)])
+            [x.new_empty(x.shape[1:]), weight.new_empty(weight.shape), x.new_empty(len(params), dtype=dtype)] +
+            [shaped[k].new_empty(shaped[k].shape, dtype=dtype) for k in _learnable_shaped(info)])
 
 
 def _setup_context(ctx, inputs, output):
-    key, xs, inits, prev, weight, params = inputs
+    key, xs, inits, prev, weight, params, shaped, layout = inputs
     info = _REGISTRY[key].info
     n_out, n_saved = len(info.output_names), len(info.saved_names) + 1
     ctx.key, ctx.n_in, ctx.n_out, ctx.n_saved, ctx.n_inits = key, len(xs), n_out, n_saved, len(inits)
-    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], prev, weight, *params)
+    ctx.n_params, ctx.layout = len(params), list(layout)
+    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], prev, weight, *params, *shaped)
 
 
 def _autograd(ctx, grads):
+    info = _REGISTRY[ctx.key].info
     tensors = list(ctx.saved_tensors)
     k, n_in, n_out = ctx.n_saved, ctx.n_in, ctx.n_out
     saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:k + n_in + n_out]
-    prev, weight, params = tensors[k + n_in + n_out], tensors[k + n_in + n_out + 1], tensors[k + n_in + n_out + 2:]
+    prev, weight = tensors[k + n_in + n_out], tensors[k + n_in + n_out + 1]
+    params = tensors[k + n_in + n_out + 2:k + n_in + n_out + 2 + ctx.n_params]
+    shaped = tensors[k + n_in + n_out + 2 + ctx.n_params:]
     wanted = list(grads[:n_out]) + list(grads[n_out + k:])  # outputs, final states, final value fed back
-    result = recurrent_backward(ctx.key, wanted, saved, xs, outs, prev, weight, params, ctx.n_inits > 0)
+    result = recurrent_backward(ctx.key, wanted, saved, xs, outs, prev, weight, params, shaped, ctx.layout,
+                                ctx.n_inits > 0)
     grad_x, grad_init = result[:n_in], result[n_in:n_in + ctx.n_inits]
-    grad_prev, grad_w, grad_params = result[-3:]
-    return None, grad_x, grad_init, grad_prev, grad_w, [grad_params[i] for i in range(len(params))]
+    grad_prev, grad_w, grad_params = result[n_in + ctx.n_inits:n_in + ctx.n_inits + 3]
+    rest = iter(result[n_in + ctx.n_inits + 3:])  # the learnable shaped parameters' gradients
+    grad_shaped = [next(rest) if name in info.param_names else None for name in info.shaped_names]
+    # (torch takes a list of ints for one leaf, and an empty list for a list of no tensors)
+    return (None, grad_x, grad_init, grad_prev, grad_w, [grad_params[i] for i in range(len(params))], grad_shaped,
+            None if ctx.layout else [])
 
 
 torch.library.register_autograd("flexsn_dsl::recurrent_forward", _autograd, setup_context=_setup_context)
@@ -183,18 +210,20 @@ def run_recurrent(compiled: Compiled, inputs, states: list[torch.Tensor], prev: 
                   weight: torch.Tensor, params: dict[str, torch.Tensor]):
     """T steps of a recurrent spec with the fused kernels; returns (outputs, final states, [value fed back]).
     Empty ``states``: start from the spec's constant initial values."""
-    dtype = _torch_compute_dtype(inputs[0].dtype)
-    param_list = [params[n].to(device=inputs[0].device, dtype=dtype).reshape(()) for n in compiled.model.learnable]
-    results = recurrent_forward(compiled.module_name, list(inputs), list(states), prev, weight, param_list)
+    scalars, shaped, layout = kernel_params(compiled, params, inputs[0])
+    results = recurrent_forward(compiled.module_name, list(inputs), list(states), prev, weight, scalars, shaped,
+                                layout)
     n_out, n_finals = len(compiled.model.outputs), len(compiled.model.states) + 1
     finals = results[len(results) - n_finals:]
     return list(results[:n_out]), list(finals[:-1]), [finals[-1]]
 
 
-def check(compiled: Compiled) -> None:
-    """Refuse a recurrent spec the fused kernels cannot run, saying why (backend='triton')."""
-    reason = unsupported(compiled)
+def check(compiled: Compiled, n: int | None = None) -> None:
+    """Refuse a recurrent spec the fused kernels cannot run (with ``n`` neurons), saying why and
+    what to do (backend='triton')."""
+    reason = unsupported(compiled, n)
     if reason is not None:
         rec = next(iter(compiled.model.recurrent.values()))
         raise SpecError(f"{compiled.model.name}: {reason}", rec.pos,
-                        'or use backend="torch"').with_source(compiled.model.text.splitlines())
+                        'or use backend="torch" (or "auto", which falls back to it)'
+                        ).with_source(compiled.model.text.splitlines())

@@ -387,6 +387,22 @@ def register(compiled: Compiled) -> str:
     return compiled.module_name
 
 
+def kernel_params(compiled: Compiled, params: dict[str, torch.Tensor], like: torch.Tensor):
+    """The runtime parameters as the kernels take them, in the compute dtype of ``like`` (the
+    inputs [T, ...]): each learnable scalar as a 0-dim tensor (INFO.scalar_params' order), and the
+    shaped ones' values with their (inner, size) pairs (:func:`shaped_view`)."""
+    model = compiled.model
+    dtype = _torch_compute_dtype(like.dtype)
+    scalars = [params[n].to(device=like.device, dtype=dtype).reshape(())
+               for n in model.learnable if not model.parameters[n].shaped]
+    shaped, layout = [], []
+    for name in model.shaped:
+        values, inner, size = shaped_view(params[name].to(device=like.device, dtype=dtype), like.shape[1:])
+        shaped.append(values)
+        layout += [inner, size]
+    return scalars, shaped, layout
+
+
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
                params: dict[str, torch.Tensor], store_seqs: bool):
     """Run T steps with the generated kernels; returns (outputs, final states, state sequences).
@@ -395,13 +411,7 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     model = compiled.model  # (not INFO, which imports the kernels: nothing to trace under torch.compile)
     scalars = [n for n in model.learnable if not model.parameters[n].shaped]  # INFO.scalar_params
     like = inputs[0]
-    dtype = _torch_compute_dtype(like.dtype)
-    param_list = [params[n].to(device=like.device, dtype=dtype).reshape(()) for n in scalars]
-    shaped, layout = [], []
-    for name in model.shaped:
-        values, inner, size = shaped_view(params[name].to(device=like.device, dtype=dtype), like.shape[1:])
-        shaped.append(values)
-        layout += [inner, size]
+    param_list, shaped, layout = kernel_params(compiled, params, like)
     n_out, n_st = len(model.outputs), len(model.states)
     if torch.compiler.is_compiling():  # opaque custom operators; registered by FlexSN.__init__
         results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_list, shaped,

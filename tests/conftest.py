@@ -24,3 +24,11 @@ def _cpu_parametrised_tests_make_cpu_tensors(request):
             yield
     else:
         yield
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Each FlexSN compiled is a recompilation of one forward: leave other tests the whole recompile limit."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -295,9 +295,11 @@ def test_triton_refuses_what_the_fused_kernel_does_not_run():
     assert (info.value.line, info.value.col) == (5, 3)
     with pytest.raises(SpecError, match="does not store state sequences"):
         flexsn_dsl.loads(RLIF, sizes={"N": 4}, backend="triton", store_state_seqs=True)
-    m = flexsn_dsl.loads(RLIF, sizes={"N": 513}, backend="triton")
-    with pytest.raises(ValueError, match="at most N = 512 neurons per layer, got N = 513"):
-        m(torch.zeros(1, 1, 513))
+    with pytest.raises(SpecError, match="at most N = 512 neurons per layer .*got N = 513") as info:
+        flexsn_dsl.loads(RLIF, sizes={"N": 513}, backend="triton", filename="rnn.yaml")
+    assert (info.value.file, info.value.line, info.value.col) == ("rnn.yaml", 5, 3)
+    assert 'backend="torch"' in info.value.hint
+    flexsn_dsl.loads(RLIF, sizes={"N": 512}, backend="triton")  # the largest layer it holds
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, dict(rtol=1e-5, atol=1e-5)),
@@ -322,7 +324,7 @@ def test_triton_matches_torch_in_low_precision(dtype, tol):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_torch_compile_fullgraph_matches_eager(backend):
+def test_torch_compile_fullgraph_matches_eager(backend, fresh_dynamo):
     """One graph (no breaks) over both calls' T steps, forward and backward; aot_eager keeps the test
     fast on the CPU while still tracing with dynamo and AOT autograd (the custom operators' fakes)."""
     torch.manual_seed(7)
@@ -338,3 +340,97 @@ def test_torch_compile_fullgraph_matches_eager(backend):
     torch.testing.assert_close(compiled.r_weight.grad, eager.r_weight.grad, **TOL)
     torch.testing.assert_close(compiled.tau.grad, eager.tau.grad, **TOL)
     assert eager.r_weight.grad.abs().sum() > 0
+
+
+# -- with shaped parameters and with `equations` ---------------------------------------
+
+RLIF_SHAPED = RLIF.replace("parameters: {tau: {value: 2.0, learnable: true}, v_th: 1.0}",
+                           "parameters: {tau: {value: 2.0, learnable: true, shape: [N]}, v_th: {value: 1.0, shape: [N]}}")
+
+
+@pytest.mark.parametrize("backend,shape", [("torch", (3, 7)), ("triton", (3, 7)), ("triton", (2, 3, 5))], ids=str)
+def test_shaped_parameters_match_hand_loop(backend, shape):
+    """A learnable time constant per neuron and a fixed threshold per neuron (different values)."""
+    torch.manual_seed(8)
+    n = shape[-1]
+    v_th = torch.linspace(0.8, 1.3, n, dtype=DTYPE)
+    m = flexsn_dsl.loads(RLIF_SHAPED, sizes={"N": n}, params={"v_th": v_th}, backend=backend).to(DTYPE)
+    with torch.no_grad():
+        m.tau.copy_(torch.linspace(1.5, 3.0, n, dtype=DTYPE))
+    w = m.r_weight.detach().clone().requires_grad_(True)
+    tau = m.tau.detach().clone().requires_grad_(True)
+    x1 = (torch.rand(6, *shape, dtype=DTYPE) * 2.5).requires_grad_(True)
+    x2 = (torch.rand(4, *shape, dtype=DTYPE) * 2.5).requires_grad_(True)
+    y1, y2 = m(x1), m(x2)
+    zero = torch.zeros(shape, dtype=DTYPE)
+    r1, v, prev = _rlif_loop(x1, zero, zero, w, tau, v_th)
+    r2, v, prev = _rlif_loop(x2, v, prev, w, tau, v_th)
+    for got, want in ((y1, r1), (y2, r2), (m.states["v"], v), (m.states["r_prev"], prev)):
+        torch.testing.assert_close(got, want, **TOL)
+    assert 0 < float(y1.detach().sum() + y2.detach().sum()) < y1.numel() + y2.numel()
+    gen = torch.Generator().manual_seed(2)
+    a, b, c = (torch.randn(t.shape, generator=gen, dtype=DTYPE) for t in (y1, y2, v))
+    ((a * y1).sum() + (b * y2).sum() + (c * m.states["v"]).sum()).backward()
+    want = torch.autograd.grad((a * r1).sum() + (b * r2).sum() + (c * v).sum(), [x1, x2, w, tau])
+    assert m.tau.grad.shape == (n,) and m.v_th.grad is None
+    for got, ref in zip((x1.grad, x2.grad, m.r_weight.grad, m.tau.grad), want):
+        assert ref.abs().sum() > 0
+        torch.testing.assert_close(got, ref, **TOL)
+
+
+RLIF_CT = """\
+neuron: rlif_ct
+inputs: [I]
+parameters: {tau: {value: 3.0, learnable: true}, v_th: 1.0, dt: 1.0}
+states: {v: 0.0}
+recurrent:
+  r: {from: s}
+equations:
+  v: (I + r - v) / tau
+method: exact
+threshold: v >= v_th
+reset: {v: 0.0}
+surrogate: atan
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_equations_match_hand_loop(backend):
+    """`equations` with a recurrent input held over the step: v(t+dt) = a v + (1 - a)(I + W s_prev),
+    a = exp(-dt / tau), then threshold and reset; gradients through the learnable tau inside a."""
+    torch.manual_seed(9)
+    m = flexsn_dsl.loads(RLIF_CT, sizes={"N": 5}, backend=backend).to(DTYPE)
+    w = m.r_weight.detach().clone().requires_grad_(True)
+    tau = m.tau.detach().clone().requires_grad_(True)
+    xs = [(torch.rand(t, 3, 5, dtype=DTYPE) * 4).requires_grad_(True) for t in (7, 5)]
+    ys = [m(x) for x in xs]  # two calls, no reset()
+
+    v = prev = torch.zeros(3, 5, dtype=DTYPE)
+    refs = []
+    for x in xs:
+        out = []
+        for t in range(x.shape[0]):
+            a = torch.exp(-1.0 / tau)
+            h = a * v + (1 - a) * (x[t] + prev @ w.T)
+            s = _atan_spike(h - 1.0)
+            v = s * 0.0 + (1 - s) * h
+            prev = s
+            out.append(s)
+        refs.append(torch.stack(out))
+    for got, want in zip((*ys, m.states["v"], m.states["r_prev"]), (*refs, v, prev)):
+        torch.testing.assert_close(got, want, **TOL)
+    assert 0 < float(sum(y.detach().sum() for y in ys)) < sum(y.numel() for y in ys)
+    gen = torch.Generator().manual_seed(3)
+    g = [torch.randn(y.shape, generator=gen, dtype=DTYPE) for y in ys]
+    sum((gi * y).sum() for gi, y in zip(g, ys)).backward()
+    want = torch.autograd.grad(sum((gi * r).sum() for gi, r in zip(g, refs)), [*xs, w, tau])
+    for got, ref in zip((*(x.grad for x in xs), m.r_weight.grad, m.tau.grad), want):
+        assert ref.abs().sum() > 0
+        torch.testing.assert_close(got, ref, **TOL)
+
+
+def test_equations_must_use_the_recurrent_input():
+    text = RLIF_CT.replace("(I + r - v)", "(I - v)")
+    with pytest.raises(SpecError, match="'r' is used nowhere in `equations`, `threshold` or `reset`") as info:
+        flexsn_dsl.loads(text, sizes={"N": 4}, filename="ct.yaml")
+    assert (info.value.line, info.value.col) == (6, 3)

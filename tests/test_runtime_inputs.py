@@ -192,14 +192,6 @@ outputs: [s, h]
 """
 
 
-@pytest.fixture
-def fresh_dynamo():
-    """Each FlexSN compiled is a recompilation of one forward: leave other tests the whole recompile limit."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("T,compiled", [(1, False), (4, False), (4, True)])
 def test_unused_inputs_and_parameters_get_no_gradient_on_either_backend(T, compiled, fresh_dynamo):
     """y and k are unused, z and d used only under detach, c only in a condition: None gradients;

@@ -236,14 +236,6 @@ def test_checkpoints_round_trip_and_respecialise_constants(backend):
         flexsn_dsl.loads(text, sizes={"C": 4}).load_state_dict(sd)
 
 
-@pytest.fixture
-def fresh_dynamo():
-    """Each FlexSN compiled is a recompilation of one forward: leave other tests the whole recompile limit."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def test_torch_compile_fullgraph_on_both_backends(fresh_dynamo):
     _, _, inp, pshape = CASES["neuron"]
     tau, v_th, x = _values(pshape, seed=6)
