@@ -1,13 +1,16 @@
 """Training steps of whole spiking networks: where the neuron's speed shows (or hides) in practice.
 
-Two networks, each built with every neuron variant, timed side by side in one process:
+Three networks, each built with every neuron variant, timed side by side in one process:
 
 - ``vgg``: 4 conv+BN+neuron blocks on CIFAR-shaped input [T=4, B=64, 3, 32, 32], 10 classes;
-- ``shd``: a dense SNN on SHD-shaped input (700 -> 256 -> 256 -> 20, T=100, B=256).
+- ``shd``: a dense SNN on SHD-shaped input (700 -> 256 -> 256 -> 20, T=100, B=256);
+- ``rshd``: a recurrent SNN on the same input (700 -> 256 recurrent LIF -> 20, T=100, B=256).
 
 Variants: ``relu`` (the same network with ReLU: the cost of everything else), ``ours``
-(flexsn-dsl LIF, ``neurons/lif.yaml``), ``sj`` (SpikingJelly ``LIFNode``, multi-step, when
-installed), ``loop`` (a hand-written torch loop LIF with the same sigmoid surrogate).
+(flexsn-dsl LIF, ``neurons/lif.yaml``; ``neurons/rlif.yaml`` in ``rshd``), ``sj`` (SpikingJelly
+``LIFNode``, multi-step, when installed; in ``rshd`` inside ``LinearRecurrentContainer``), ``loop``
+(a hand-written torch loop LIF with the same sigmoid surrogate; ``rshd``: with ``s @ W.T``).
+The recurrent layers are those of ``benchmarks/recurrent_bench.py``.
 Columns: eager float32, ``torch.compile`` of the network float32, eager autocast bfloat16.
 
 One training step = forward, cross-entropy on the time-averaged output, backward, SGD step,
@@ -33,7 +36,8 @@ import torch
 from torch import nn
 
 import flexsn_dsl
-from torch_cpu import SigmoidSpike  # the same surrogate as lif.yaml (benchmarks/ is on sys.path when run)
+from recurrent_bench import recurrent_layer, unavailable  # (benchmarks/ is on sys.path when run)
+from torch_cpu import SigmoidSpike  # the same surrogate as lif.yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("relu", "ours", "sj", "loop")
@@ -41,6 +45,7 @@ COLUMNS = ("eager", "compile", "bf16")
 SHAPES = {  # net -> (T, B) full size, quick size
     "vgg": ((4, 64), (2, 4)),
     "shd": ((100, 256), (5, 8)),
+    "rshd": ((100, 256), (5, 8)),
 }
 
 
@@ -106,11 +111,21 @@ def shd(variant: str, device: str, quick: bool) -> nn.Module:
                          nn.Linear(h, 20))
 
 
+def rshd(variant: str, device: str, quick: bool) -> nn.Module:
+    h = 16 if quick else 256
+    if variant == "relu":
+        rec = nn.ReLU()
+    else:  # ours: the fused recurrent kernel on a GPU, the torch backend on the CPU
+        ours = "ours" if device == "cuda" else "ours-torch"
+        rec = recurrent_layer({"ours": ours, "sj": "sj", "loop": "loop"}[variant], h, device)
+    return nn.Sequential(nn.Linear(700, h), rec, nn.Linear(h, 20))
+
+
 def data(net: str, T: int, B: int, device: str):
     g = torch.Generator(device="cpu").manual_seed(0)
     shape = (T, B, 3, 32, 32) if net == "vgg" else (T, B, 700)
     x = torch.rand(shape, generator=g).to(device)
-    y = torch.randint(0, 20 if net == "shd" else 10, (B,), generator=g).to(device)
+    y = torch.randint(0, 10 if net == "vgg" else 20, (B,), generator=g).to(device)
     return x, y
 
 
@@ -123,7 +138,7 @@ def reset_all(model: nn.Module) -> None:
 def make_step(net: str, variant: str, column: str, device: str, quick: bool):
     """One training step of a fresh network (seeded), and the model it trains."""
     torch.manual_seed(0)
-    model = (vgg if net == "vgg" else shd)(variant, device, quick).to(device)
+    model = {"vgg": vgg, "shd": shd, "rshd": rshd}[net](variant, device, quick).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     forward = torch.compile(model) if column == "compile" else model
     autocast = column == "bf16"
@@ -198,16 +213,6 @@ def measure(step, device: str) -> dict:
     return {"ms": statistics.median(times), "host_ms": None, "gpu_ms": None, "peak_mib": None}
 
 
-def available(variant: str) -> str | None:
-    """Why a variant cannot run here, or None."""
-    if variant == "sj":
-        try:
-            import spikingjelly.activation_based.neuron  # noqa: F401
-        except ImportError:
-            return "spikingjelly not installed"
-    return None
-
-
 def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_peers: bool = False,
         out=sys.stdout) -> list[dict]:
     rows: dict[tuple, dict] = {}
@@ -217,7 +222,7 @@ def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_
             for column in columns:
                 key = (net, variant, column)
                 rows[key] = {"net": net, "variant": variant, "column": column, "rounds": []}
-                why = available(variant)
+                why = unavailable(variant)
                 if column == "compile" and variant in ("sj", "loop") and not compile_peers:
                     why = "compiling the peers takes minutes (--compile-peers runs them)"
                 if why:

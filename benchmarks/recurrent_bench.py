@@ -2,18 +2,25 @@
 and the recurrent layer alone against its FLOP and memory floors, at N = 128, 256 and 512.
 
 Variants of the recurrent layer (the rest of the network is the same torch code):
-``loop`` a hand-written torch loop (``r = s @ W.T`` each step, the sigmoid surrogate of
-``neurons/rlif.yaml``), ``ours-torch`` the module on the torch backend (the same loop, generated),
-``ours`` the module on the Triton backend (the fused kernel: ``tl.dot`` inside the time loop).
+``loop``       a hand-written torch loop (``r = s @ W.T`` each step, ``neurons/rlif.yaml``'s sigmoid surrogate);
+``ours-step``  flexsn-dsl ``neurons/lif.yaml`` with ``step_mode="s"`` in a Python loop, the recurrence
+               by hand (``nn.Linear`` without bias): how a recurrent net was written before ``recurrent:``;
+``ours-torch`` ``neurons/rlif.yaml`` on the torch backend (the same loop, generated);
+``ours``       ``neurons/rlif.yaml`` on the Triton backend (one fused kernel: ``tl.dot`` inside the time loop);
+``snntorch``   snnTorch ``RLeaky`` (all-to-all, hard reset, sigmoid surrogate slope 4) stepped in a loop;
+``sj``         SpikingJelly ``LinearRecurrentContainer(LIFNode)`` (multi-step; its recurrence is
+               ``Linear(2N -> N)`` over [x, s_prev]).
+Peers that are not installed are skipped with the reason printed.
 
 One training step = forward, cross-entropy on the time-averaged readout, backward, SGD step,
 ``zero_grad``. The layer alone = forward and backward of the recurrent layer on a given input
 [T, B, N] (gradients of the input and W). Floors: FLOPs 6·T·B·N² (forward W·s, backward Wᵀ·g and
-the weight gradient), bytes the [T, B, N] tensors the kernels read and write (9 for rlif); the floor
-is max(FLOPs / --peak-tflops, bytes / --peak-tbps) (defaults: an H200, float32 FMA / bf16 tensor
-cores, HBM3e).
+the weight gradient), bytes the [T, B, N] tensors the fused kernels read and write (from the
+kernels' FlexSNInfo); the floor is max(FLOPs / peak FLOP/s, bytes / peak bandwidth) (defaults: an
+H200, float32 FMA / bf16 tensor cores, HBM3e). ``grad err`` compares ``ours`` with ``ours-torch``
+on the same weights and input: max |dW - dW_ref| / max |dW_ref| (float32: ~1e-6).
 
-Usage: ``python benchmarks/recurrent_bench.py [--n 128 256 512] [--bf16] [--json FILE]`` on a GPU;
+Usage (GPU, ~2-3 minutes on an H200): ``python benchmarks/recurrent_bench.py [--json FILE]``;
 ``--quick`` runs tiny shapes on the CPU (Triton's interpreter: a smoke test, no meaningful times).
 """
 from __future__ import annotations
@@ -29,25 +36,13 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from torch_cpu import SigmoidSpike  # rlif.yaml's surrogate (benchmarks/ is on sys.path when run)
 
 ROOT = Path(__file__).resolve().parent.parent
 PEAK_TFLOPS = {torch.float32: 67.0, torch.bfloat16: 989.0}  # H200 SXM: fp32 FMA, bf16 dense tensor cores
 PEAK_TBPS = 4.8
-
-
-class SigmoidSpike(torch.autograd.Function):
-    """Heaviside forward, sigmoid surrogate (alpha=4) backward: rlif.yaml's default surrogate."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return (x >= 0).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        sg = torch.sigmoid(4.0 * x)
-        return grad * 4.0 * sg * (1 - sg)
+VARIANTS = ("loop", "ours-step", "ours-torch", "ours", "snntorch", "sj")
+FLOOR_VARIANTS = ("loop", "ours-torch", "ours")  # the layer alone against the floors
 
 
 class LoopRLIF(nn.Module):
@@ -73,11 +68,94 @@ class LoopRLIF(nn.Module):
         pass
 
 
-def layer(variant: str, n: int, device: str) -> nn.Module:
+class StepLoopRLIF(nn.Module):
+    """A flexsn-dsl LIF in single-step mode, the recurrence written around it in Python."""
+
+    def __init__(self, n: int, backend: str):
+        super().__init__()
+        self.lif = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", step_mode="s", backend=backend)
+        self.rec = nn.Linear(n, n, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.new_zeros(x.shape[1:])
+        out = []
+        for t in range(x.shape[0]):
+            s = self.lif(x[t] + self.rec(s))
+            out.append(s)
+        return torch.stack(out)
+
+    def reset(self) -> None:
+        self.lif.reset()
+
+
+class SnnTorchRLIF(nn.Module):
+    """snnTorch RLeaky (beta = 0.5 as tau = 2, hard reset to zero), stepped over T."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        import snntorch
+        from snntorch import surrogate
+        self.cell = snntorch.RLeaky(beta=0.5, linear_features=n, spike_grad=surrogate.sigmoid(slope=4),
+                                    reset_mechanism="zero", all_to_all=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spk, mem = x.new_zeros(x.shape[1:]), x.new_zeros(x.shape[1:])
+        out = []
+        for t in range(x.shape[0]):
+            spk, mem = self.cell(x[t], spk, mem)
+            out.append(spk)
+        return torch.stack(out)
+
+    def reset(self) -> None:
+        pass
+
+
+class SpikingJellyRLIF(nn.Module):
+    """SpikingJelly LinearRecurrentContainer around a single-step LIFNode, run multi-step."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        from spikingjelly.activation_based import layer, neuron, surrogate
+        lif = neuron.LIFNode(tau=2.0, surrogate_function=surrogate.Sigmoid(alpha=4.0), detach_reset=False,
+                             step_mode="s")
+        self.body = layer.LinearRecurrentContainer(lif, n, n, bias=False, step_mode="m")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def reset(self) -> None:
+        from spikingjelly.activation_based import functional
+        functional.reset_net(self.body)
+
+
+def unavailable(variant: str) -> str | None:
+    """Why ``variant`` cannot run here, or None."""
+    peers = {"snntorch": "snntorch", "sj": "spikingjelly.activation_based"}
+    if variant in peers:
+        try:
+            __import__(peers[variant])
+        except ImportError as exc:
+            return f"not installed ({exc})"
+    return None
+
+
+def recurrent_layer(variant: str, n: int, device: str) -> nn.Module:
+    """The recurrent LIF layer of ``variant`` with ``n`` neurons, on ``device``."""
+    fused = "triton" if device == "cuda" else "torch"
     if variant == "loop":
-        return LoopRLIF(n).to(device)
-    backend = "torch" if variant == "ours-torch" else "triton"
-    return flexsn_dsl.load(ROOT / "neurons" / "rlif.yaml", sizes={"N": n}, backend=backend).to(device)
+        layer = LoopRLIF(n)
+    elif variant == "ours-step":
+        layer = StepLoopRLIF(n, fused)
+    elif variant in ("ours", "ours-torch"):
+        backend = "torch" if variant == "ours-torch" else "triton"
+        layer = flexsn_dsl.load(ROOT / "neurons" / "rlif.yaml", sizes={"N": n}, backend=backend)
+    elif variant == "snntorch":
+        layer = SnnTorchRLIF(n)
+    elif variant == "sj":
+        layer = SpikingJellyRLIF(n)
+    else:
+        raise ValueError(variant)
+    return layer.to(device)
 
 
 class Net(nn.Module):
@@ -95,7 +173,7 @@ def timed_ms(fn, device: str, repeat: int) -> float:
     fn()
     if device == "cuda":
         import triton.testing
-        return triton.testing.do_bench(fn, return_mode="median")
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -124,59 +202,92 @@ def floors(T: int, B: int, n: int, dtype: torch.dtype, sequences: int, peak_tflo
             "floor_ms": max(flops / (peak_tflops * 1e12), nbytes / (peak_tbps * 1e12)) * 1e3}
 
 
+def grad_error(n: int, args, dtype: torch.dtype) -> float:
+    """max |dW(ours) - dW(ours-torch)| / max |dW(ours-torch)| on the same weights and input."""
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(args.T, args.B, n, generator=gen) + 0.6).to(args.device, dtype)
+    grads = []
+    ref = recurrent_layer("ours-torch", n, args.device)
+    for layer in (ref, recurrent_layer("ours", n, args.device)):
+        layer.load_state_dict(ref.state_dict())
+        layer(x).float().sum().backward()
+        grads.append(layer.r_weight.grad.float())
+    return float((grads[0] - grads[1]).abs().max() / grads[0].abs().max())
+
+
 def run(args) -> list[dict]:
     rows = []
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    for n in args.n:
-        gen = torch.Generator().manual_seed(0)
-        x = (torch.rand(args.T, args.B, args.channels, generator=gen) < 0.05).float().to(args.device)
-        y = torch.randint(0, 20, (args.B,), generator=gen).to(args.device)
-        current = torch.randn(args.T, args.B, n, generator=gen).to(args.device, dtype) + 0.6
-        for variant in args.variants:
-            if variant == "ours" and args.device != "cuda" and not args.quick:
-                continue  # the interpreter is for correctness, not timing
-            torch.manual_seed(0)
-            net = Net(layer(variant, n, args.device), args.channels, n).to(args.device)
-            opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-
-            def train_step():
-                with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16):
-                    loss = nn.functional.cross_entropy(net(x).float(), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            rec = net.rec
-            inp = current.clone().requires_grad_(True)
-
-            def layer_step():
-                rec.reset()
-                rec(inp).float().sum().backward()
-
-            row = {"N": n, "variant": variant, "dtype": str(dtype).removeprefix("torch."),
-                   "step_ms": timed_ms(train_step, args.device, args.repeat),
-                   "layer_ms": timed_ms(layer_step, args.device, args.repeat)}
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for n in args.n:
+            gen = torch.Generator().manual_seed(0)
+            x = (torch.rand(args.T, args.B, args.channels, generator=gen) < 0.05).float().to(args.device)
+            y = torch.randint(0, 20, (args.B,), generator=gen).to(args.device)
+            current = (torch.randn(args.T, args.B, n, generator=gen) + 0.6).to(args.device, dtype)
             info = flexsn_dsl.load(ROOT / "neurons" / "rlif.yaml", sizes={"N": n}).info
-            row.update(floors(args.T, args.B, n, dtype, sequences_moved(info), args.peak_tflops or PEAK_TFLOPS[dtype],
-                              args.peak_tbps))
-            row["layer_vs_floor"] = row["layer_ms"] / row["floor_ms"]
-            rows.append(row)
-            print(f"N={n:4d} {variant:10s} step {row['step_ms']:9.2f} ms   layer {row['layer_ms']:9.2f} ms   "
-                  f"floor {row['floor_ms']:.3f} ms ({row['gflop']:.2f} GFLOP, {row['mbytes']:.1f} MB)   "
-                  f"x{row['layer_vs_floor']:.1f}", flush=True)
+            floor = floors(args.T, args.B, n, dtype, sequences_moved(info), args.peak_tflops or PEAK_TFLOPS[dtype],
+                           args.peak_tbps)
+            variants = args.variants if dtype == torch.float32 else [v for v in args.variants if v in FLOOR_VARIANTS]
+            for variant in variants:
+                head = f"{dtype_name:8s} N={n:4d} {variant:10s}"
+                why = unavailable(variant)
+                if why:
+                    print(f"{head} skipped: {why}", flush=True)
+                    rows.append({"N": n, "variant": variant, "dtype": dtype_name, "skipped": why})
+                    continue
+                torch.manual_seed(0)
+                net = Net(recurrent_layer(variant, n, args.device), args.channels, n).to(args.device)
+                opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+                def train_step():
+                    with torch.autocast(args.device, dtype=dtype, enabled=dtype != torch.float32):
+                        loss = nn.functional.cross_entropy(net(x).float(), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+                rec = net.rec
+                inp = current.clone().requires_grad_(True)
+
+                def layer_step():
+                    rec.reset()
+                    rec(inp).float().sum().backward()
+
+                row = {"N": n, "variant": variant, "dtype": dtype_name,
+                       "step_ms": timed_ms(train_step, args.device, args.repeat),
+                       "layer_ms": timed_ms(layer_step, args.device, args.repeat), **floor}
+                row["layer_vs_floor"] = row["layer_ms"] / row["floor_ms"]
+                if variant == "ours":
+                    row["grad_err"] = grad_error(n, args, dtype)
+                rows.append(row)
+                extra = f"   grad err {row['grad_err']:.1e}" if "grad_err" in row else ""
+                print(f"{head} step {row['step_ms']:9.2f} ms   layer {row['layer_ms']:9.2f} ms   floor "
+                      f"{row['floor_ms']:.3f} ms ({row['gflop']:.2f} GFLOP, {row['mbytes']:.1f} MB)   "
+                      f"x{row['layer_vs_floor']:.1f}{extra}", flush=True)
     return rows
+
+
+def summary(rows: list[dict]) -> None:
+    """The fused training step against the fastest other variant, per dtype and N."""
+    for (dtype, n) in dict.fromkeys((r["dtype"], r["N"]) for r in rows):
+        timed = {r["variant"]: r["step_ms"] for r in rows if (r["dtype"], r["N"]) == (dtype, n) and "step_ms" in r}
+        others = {v: ms for v, ms in timed.items() if v != "ours"}
+        if "ours" in timed and others:
+            best = min(others, key=others.get)
+            print(f"{dtype} N={n}: ours {timed['ours']:.2f} ms per training step, {others[best] / timed['ours']:.1f}x "
+                  f"faster than the fastest other ({best}, {others[best]:.2f} ms)")
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, nargs="+", default=[128, 256, 512])
-    p.add_argument("--variants", nargs="+", default=["loop", "ours-torch", "ours"],
-                   choices=["loop", "ours-torch", "ours"])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
+                   help="bfloat16: autocast network and a bf16 layer input, for " + ", ".join(FLOOR_VARIANTS))
     p.add_argument("--T", type=int, default=100)
     p.add_argument("--B", type=int, default=256)
     p.add_argument("--channels", type=int, default=700)
-    p.add_argument("--bf16", action="store_true", help="autocast the network and a bf16 layer input")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--repeat", type=int, default=5, help="CPU timing repeats")
     p.add_argument("--peak-tflops", type=float, default=None, help="default: H200 fp32 FMA 67, bf16 989")
     p.add_argument("--peak-tbps", type=float, default=PEAK_TBPS)
@@ -185,13 +296,20 @@ def parse(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.T, args.B, args.channels, args.repeat = [16, 24], 6, 18, 40, 1
+    elif args.device == "cpu" and "ours" in args.variants:
+        args.variants = [v for v in args.variants if v != "ours"]
+        print("(ours skipped on the CPU: Triton's interpreter is for correctness, not timing; --quick runs it)")
     return args
 
 
 def main(argv=None) -> int:
     args = parse(argv)
-    print(f"recurrent SHD-shaped step: T={args.T}, B={args.B}, {args.channels} -> N -> 20, device={args.device}")
+    start = time.perf_counter()
+    print(f"recurrent SHD-shaped step: T={args.T}, B={args.B}, {args.channels} -> N -> 20, device={args.device}"
+          + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
     rows = run(args)
+    summary(rows)
+    print(f"total {time.perf_counter() - start:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
