@@ -5,7 +5,9 @@ the Triton kernels and their derived backward are the same as for a v1 spec. One
 length dt, in the order of the language (v2, section 1):
 
 1. integrate every state of ``equations`` by ``method`` (inputs held over the step; constant
-   parameters folded to numbers, learnable ones kept as symbols); a refractory neuron keeps
+   scalar parameters folded to numbers, learnable or shaped ones kept as symbols, so an exact
+   propagator such as e^{-dt/tau} has one value per element of a shaped tau and a gradient
+   for a learnable one); a refractory neuron keeps
    the held states instead: ``v__int = where(refractory > 0.5, v, <integrated>)``;
 2. ``s = spike(u)`` of the threshold on the integrated states (0 while refractory);
 3. each reset line ``x: e`` as ``x__next = s * e + (1 - s) * x__int`` on the integrated values;
@@ -42,11 +44,8 @@ def discrete_steps(model: NeuronModel, values: dict[str, float]) -> list[Assignm
 
 def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
     c = model.continuous
-    shaped = [n for n in model.runtime_params if not model.parameters[n].learnable]
-    if shaped:
-        raise SpecError(f"parameter {shaped[0]!r} has a shape, which `equations` do not support yet",
-                        model.parameters[shaped[0]].pos, "give it no shape, or write the neuron with `step`")
-    constants = {real_symbol(n): sympy.Float(values[n]) for n, p in model.parameters.items() if not p.learnable}
+    runtime = set(model.runtime_params)  # learnable or shaped: symbols, read by the kernels at run time
+    constants = {real_symbol(n): sympy.Float(values[n]) for n in model.parameters if n not in runtime}
     dt = sympy.Float(values["dt"])
     f = {real_symbol(n): sympy.sympify(eq.expr).xreplace(constants) for n, eq in c.equations.items()}
     where = {real_symbol(n): eq.pos for n, eq in c.equations.items()}
@@ -58,13 +57,13 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
     states = list(f)
     if c.method == "exact":
         A, b = linear_system(list(f.values()), states)
-        learnable = {real_symbol(n): values[n] for n in model.learnable}
+        symbols = {real_symbol(n): values[n] for n in model.runtime_params}  # a shaped one: its initial value
         try:
-            integrated = dict(zip(states, exact_step(A, b, states, float(dt), learnable)))
+            integrated = dict(zip(states, exact_step(A, b, states, float(dt), symbols)))
         except PropagatorError as exc:
             raise SpecError(f"cannot derive the exact propagator: {exc}", c.method_pos,
-                            "make the parameters inside the coupling constant (learnable: false), or choose "
-                            "method: rk4") from None
+                            "make the parameters inside the coupling constant (learnable: false, no shape), or "
+                            "choose method: rk4") from None
     else:
         lines, integrated = METHODS[c.method](f, dt)
         for symbol, expr in lines:

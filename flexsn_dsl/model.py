@@ -686,6 +686,10 @@ class _Builder:
         if dt is None:
             raise SpecError("`equations` need the length of one step: a parameter `dt`", self._key_pos("equations"),
                             "add `dt: 0.5` under `parameters:` (in the unit of the time constants)")
+        if dt.shaped:
+            raise SpecError("`dt` cannot have a shape: it is the length of one step, the same for every neuron "
+                            "(the kernels advance all neurons together)", dt.pos,
+                            "write dt: 0.5 (a number); give per-neuron time constants a shape instead")
         if dt.learnable or dt.value <= 0:
             raise SpecError(f"`dt` must be a positive constant, not {dt.value:g}" + (", learnable" if dt.learnable
                                                                                      else ""),
@@ -812,6 +816,11 @@ class _Builder:
         period_node = node.value["period"]
         env = {p: real_symbol(p) for p in parameters}
         period = self._expression(period_node, env, "the refractory period", initial=True)
+        shaped = sorted(s.name for s in period.free_symbols if parameters[s.name].shaped)
+        if shaped:
+            raise SpecError(f"the refractory period may not use the shaped parameter {shaped[0]!r}: it is one whole "
+                            "number of steps for every neuron, compiled into the kernels", period_node.pos,
+                            "use scalar constant parameters or a number, e.g. period: 2.0")
         values = {real_symbol(p.name): sympy.Float(p.value) for p in parameters.values()}
         number = sympy.sympify(period).xreplace(values)
         if not number.is_number or not _finite(number) or float(number) < 0:

@@ -9,7 +9,8 @@ eigenvectors divides by zero.
 - A of numbers (constant parameters folded): the exponential is computed numerically at 40
   digits (mpmath, scaling and squaring of the Taylor series), so the step is a few numbers
   times the states and inputs, the same arithmetic as a hand-discretised neuron.
-- A with symbols (learnable parameters or inputs inside it) stays symbolic so gradients flow:
+- A with symbols (learnable or shaped parameters, or inputs inside it) stays symbolic, so
+  gradients flow and a shaped parameter gives one propagator per element:
   decoupled states (diagonal A) get the scalar formula, guarded where a rate may be zero;
   a coupled triangular system up to four states gets sympy's matrix exponential, refused
   where its formula is singular at the given values; other coupled symbolic systems are refused.
@@ -40,7 +41,8 @@ def exact_step(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt:
     """Each state's value after one step: e^{A dt} x + ∫₀^dt e^{A s} ds · b.
 
     ``values`` (the current values of the symbols left in A) is used to refuse a symbolic
-    formula that is singular there (e.g. two learnable time constants that start equal).
+    formula that is singular there (e.g. two learnable time constants that start equal; for a shaped
+    parameter, its initial element value).
     """
     if not A.free_symbols:
         phi, gamma = _numeric(A, dt)

@@ -40,6 +40,7 @@ RECORDED = {
     "lif_ct": (("v__int",), ("s__u", "s")),
     "cuba_lif_ct": (("x", "i", "v__int"), ("s__u", "s")),
     "lif_refractory": (("refractory", "v__int"), ("s__u", "s")),
+    "lif_hetero_ct": (("x", "v"), ("v__int", "s__u", "s")),  # (added with it: the exhaustive search's choice)
     "adex_ct": (("x", "v", "w"), ("v__k1", "w__k1", "v__k2", "w__k2", "v__k3", "w__k3", "v__k4", "v__int", "s__u", "s")),
     "izhikevich_ct": (("I", "v", "u"), ("v__k", "u__k", "v__int", "s__u", "s")),
     "hh": (("I", "V", "m", "h", "n", "refractory"),

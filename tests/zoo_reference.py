@@ -531,6 +531,15 @@ _add(Reference(
     param_shapes={"tau": (7,)}, sizes={"N": 7}, step_shape=(3, 7),
 ))
 _add(Reference(
+    name="lif_hetero_ct", model="lif_hetero as an ODE, exact propagator with one e^{-dt/tau} per neuron",
+    inputs=("x",), state_init={"v": _const(0.0)},
+    outputs=("s",), spike_outputs=("s",),
+    params={"dt": 1.0, "tau": 20.0, "v_th": 1.0}, learnable=("tau",),
+    surrogate="fast_sigmoid(slope=25)", step=_step_lif_hetero,  # the exact step of tau v' = x - v
+    input_ranges={"x": (0.0, 8.0)},
+    param_shapes={"tau": (7,)}, sizes={"N": 7}, step_shape=(3, 7),
+))
+_add(Reference(
     name="qif", model="SpikingJelly QIFNode",
     inputs=("x",), state_init={"v": _param("v_reset")},
     outputs=("s",), spike_outputs=("s",),
