@@ -12,6 +12,16 @@ training memory no more than the scalar version's plus the parameter and its gra
 The scalar twin is the same spec text with the parameter scalar (its initial value, no ``shape``). Both run the Triton
 backend; before timing, the shaped module with every element equal to the scalar is checked
 against the scalar one (outputs, input gradients, and the parameter gradient summed).
+
+Timing: every variant of every case is first run eagerly (compiled, launched, its memory
+allocated), then timed with ``do_bench`` and its peak memory taken, and only then captured:
+one training call per CUDA graph after warm-up calls on a side stream that waits for the
+default stream (``flexsn_dsl.bench.graph_replay_ms``), replayed between CUDA events. Not
+``triton.testing.do_bench_cudagraph``, whose capture failed here on the H200 (the error text was
+not kept) and which departs from that recipe: its one warm-up call runs on a fresh stream that
+does not wait for the caller's, and it unrolls rep / estimate (hundreds of) training calls into
+one capture, each allocating up to 0.8 GB. A variant that still cannot be captured is timed
+eagerly, and the reason is printed.
 """
 from __future__ import annotations
 
@@ -25,12 +35,13 @@ from pathlib import Path
 import torch
 
 import flexsn_dsl
-from flexsn_dsl.bench import _graph_timer, _peak, _timer, copy_bandwidth, floor_bytes
+from flexsn_dsl.bench import _peak, _timer, copy_bandwidth, floor_bytes, graph_replay_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 # (spec, shaped parameter, sizes, input shape [T, ...]) for the targets and for --quick
 CASES = [("plif_channel", "w", {"C": 128}, (8, 32, 128, 32, 32)),
          ("lif_hetero", "tau", {"N": 65536}, (64, 16, 65536))]
+WARMUP_CALLS = 3  # eager calls of every variant before any timing or capture
 QUICK = [("plif_channel", "w", {"C": 6}, (4, 2, 6, 5, 7)),
          ("lif_hetero", "tau", {"N": 33}, (6, 3, 33))]
 
@@ -67,49 +78,59 @@ def _check(shaped, scalar, x, param: str) -> float:
     return max(diffs)
 
 
+def _graph_ms(label: str, run) -> float | None:
+    """The CUDA-graph time of one training call, or None with the reason printed (eager times then)."""
+    try:
+        return graph_replay_ms(run)
+    except Exception as exc:  # noqa: BLE001 - any capture failure: report it and fall back to do_bench
+        print(f"{label}: no CUDA-graph time, do_bench (eager) instead: {type(exc).__name__}: "
+              f"{(str(exc).strip().splitlines() or [''])[0]}", flush=True)
+        torch.cuda.synchronize()
+        return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run; CPU works)")
     parser.add_argument("--json", metavar="FILE", help="write the rows to this JSON file")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    timer, graph_timer = _timer(device), _graph_timer(device)
+    timer = _timer(device)
     bandwidth = copy_bandwidth(device)
-    rows = []
+    cases = []
     for spec, param, sizes, shape in (QUICK if args.quick else CASES):
         shaped, scalar = _modules(spec, param, sizes, device)
         x = (torch.rand(shape, device=device) * (2.0 if spec == "plif_channel" else 8.0)).requires_grad_()
+        runs = {"scalar": _training(scalar, x), "shaped": _training(shaped, x)}
+        for run in runs.values():  # every variant compiled, launched and allocated before any timing or capture
+            for _ in range(WARMUP_CALLS):
+                run()
+        cases.append((spec, param, shape, shaped, scalar, x, runs))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    rows = []
+    for spec, param, shape, shaped, scalar, x, runs in cases:
         T, n = shape[0], math.prod(shape[1:])
         floor_ms = floor_bytes(scalar.info, T, n, x.element_size(), "training") / bandwidth * 1e3
         diff = _check(shaped, scalar, x, param)
-        results = {}
-        for label, module in (("scalar", scalar), ("shaped", shaped)):
-            run = _training(module, x)
-            run()
-            ms = timer(run)
-            graph_ms = None
-            if graph_timer:
-                try:
-                    graph_ms = graph_timer(run)
-                except RuntimeError as exc:  # a training call that cannot be captured: eager times only
-                    print(f"{spec} {label}: no CUDA-graph time ({str(exc).splitlines()[0]})", flush=True)
-                    torch.cuda.synchronize()
-            peak = _peak(device, run)
-            results[label] = dict(ms=ms, graph_ms=graph_ms, peak_mib=peak)
+        results = {label: dict(ms=timer(run), peak_mib=_peak(device, run)) for label, run in runs.items()}
+        for label, run in runs.items():  # captures last: a failed one cannot spoil the eager numbers
+            results[label]["graph_ms"] = _graph_ms(f"{spec} {label}", run) if device.type == "cuda" else None
         p = getattr(shaped, param)
         allowed_mib = 2 * p.numel() * p.element_size() / 2 ** 20  # the parameter and its gradient
-        best = {k: (v["graph_ms"] or v["ms"]) for k, v in results.items()}
+        kind = "graph" if all(v["graph_ms"] for v in results.values()) else "eager"  # both timed alike
+        best = {k: v[f"{'graph_' if kind == 'graph' else ''}ms"] for k, v in results.items()}
         row = dict(spec=spec, shape=list(shape), param=param, param_shape=list(p.shape), floor_ms=floor_ms,
                    check_max_diff=diff, **{f"{k}_{m}": v for k, r in results.items() for m, v in r.items()},
-                   time_ratio=best["shaped"] / best["scalar"], floor_ratio=best["shaped"] / floor_ms,
+                   timing=kind, time_ratio=best["shaped"] / best["scalar"], floor_ratio=best["shaped"] / floor_ms,
                    extra_peak_mib=(results["shaped"]["peak_mib"] - results["scalar"]["peak_mib"])
                    if device.type == "cuda" else None, allowed_extra_mib=allowed_mib)
         rows.append(row)
         peak = "" if row["extra_peak_mib"] is None else \
             f", peak +{row['extra_peak_mib']:.2f} MiB (parameter + gradient {allowed_mib:.2f} MiB)"
-        print(f"{spec:13s} {str(list(shape)):24s} scalar {best['scalar']:9.4f} ms  shaped {best['shaped']:9.4f} ms  "
-              f"ratio {row['time_ratio']:.3f}  floor {floor_ms:.4f} ms ({row['floor_ratio']:.2f}x){peak}  "
-              f"check {diff:.1e}", flush=True)
+        print(f"{spec:13s} {str(list(shape)):24s} training ({kind}) scalar {best['scalar']:9.4f} ms  shaped "
+              f"{best['shaped']:9.4f} ms  ratio {row['time_ratio']:.3f}  floor {floor_ms:.4f} ms "
+              f"({row['floor_ratio']:.2f}x){peak}  check {diff:.1e}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name() if device.type == "cuda"
                                                else "cpu", "rows": rows}, indent=1) + "\n")

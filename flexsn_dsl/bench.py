@@ -87,6 +87,37 @@ def _graph_timer(device) -> Callable[[Callable], float] | None:
     return lambda fn: do_bench_cudagraph(fn, rep=200, return_mode="median")
 
 
+def graph_replay_ms(fn: Callable, replays: int = 20, rounds: int = 7) -> float:
+    """Median GPU time of one call of ``fn`` replayed from a CUDA graph, by PyTorch's recipe for
+    capturing autograd: warm-up calls on a side stream that waits for the caller's stream, then
+    one call captured (its tensors in the graph's own pool, whatever the call allocates), then
+    ``rounds`` times ``replays`` replays between CUDA events. Raises what the capture raises."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    graph.reset()
+    return statistics.median(times)
+
+
 def _timer(device) -> Callable[[Callable], float]:
     if device.type == "cuda":
         from triton.testing import do_bench
