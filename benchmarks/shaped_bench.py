@@ -78,6 +78,17 @@ def _check(shaped, scalar, x, param: str) -> float:
     return max(diffs)
 
 
+def _partial_bytes(module, param: str, x: torch.Tensor) -> int:
+    """Bytes of the partial sums that the Triton backward allocates for ``param``'s gradient on input ``x``
+    (float32: the compute dtype of float32 inputs)."""
+    from flexsn_dsl import triton_runtime as tr
+    step = x.shape[1:]
+    layout = [v for name in module.spec.shaped for v in tr.shaped_view(getattr(module, name), step)[1:]]
+    inner = tr.shaped_view(getattr(module, param), step)[1]
+    kernels = tr._kernels(module._compiled, x.device.type)
+    return math.prod(kernels.tiling(math.prod(step), tr.shaped_period(layout)).partial_shape(inner)) * 4
+
+
 def _graph_ms(label: str, run) -> float | None:
     """The CUDA-graph time of one training call, or None with the reason printed (eager times then)."""
     try:
@@ -124,13 +135,15 @@ def main(argv=None) -> int:
                    check_max_diff=diff, **{f"{k}_{m}": v for k, r in results.items() for m, v in r.items()},
                    timing=kind, time_ratio=best["shaped"] / best["scalar"], floor_ratio=best["shaped"] / floor_ms,
                    extra_peak_mib=(results["shaped"]["peak_mib"] - results["scalar"]["peak_mib"])
-                   if device.type == "cuda" else None, allowed_extra_mib=allowed_mib)
+                   if device.type == "cuda" else None, allowed_extra_mib=allowed_mib,
+                   grad_partial_bytes=_partial_bytes(shaped, param, x))
         rows.append(row)
         peak = "" if row["extra_peak_mib"] is None else \
             f", peak +{row['extra_peak_mib']:.2f} MiB (parameter + gradient {allowed_mib:.2f} MiB)"
         print(f"{spec:13s} {str(list(shape)):24s} training ({kind}) scalar {best['scalar']:9.4f} ms  shaped "
               f"{best['shaped']:9.4f} ms  ratio {row['time_ratio']:.3f}  floor {floor_ms:.4f} ms "
-              f"({row['floor_ratio']:.2f}x){peak}  check {diff:.1e}", flush=True)
+              f"({row['floor_ratio']:.2f}x){peak}  gradient partial sums {row['grad_partial_bytes']} B "
+              f"(parameter {p.numel() * p.element_size()} B)  check {diff:.1e}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name() if device.type == "cuda"
                                                else "cpu", "rows": rows}, indent=1) + "\n")

@@ -75,6 +75,11 @@ class FlexSNInfo:
         return tuple(n for n in self.param_names if n not in self.shaped_names)
 
     @property
+    def learnable_shaped(self) -> tuple[str, ...]:
+        """The learnable parameters with a shape: their gradients make the backward kernel tiled."""
+        return tuple(n for n in self.param_names if n in self.shaped_names)
+
+    @property
     def num_params(self) -> int:
         """How many learnable scalar parameters ``_params`` holds."""
         return len(self.scalar_params)

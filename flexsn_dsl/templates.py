@@ -26,13 +26,19 @@ finite numbers (:mod:`flexsn_dsl.literals`); INFO is printed with ``literals.val
 Parameters: learnable scalars come packed in ``_params``; a parameter with a shape
 comes as ``<name>__param``, its values in the order they broadcast against one step,
 read per neuron at ``(offset // <name>__inner) % <name>__size`` (``__inner``: neurons
-per value, ``__size``: values), never a full-size copy. The backward reduces the
-gradient of a learnable shaped parameter per block, by a segmented scan over the
-block's neurons, into ``<name>__grad`` [segments, ``<name>__split``] (a segment: the
-neurons sharing one value; split: the blocks one segment can span), which the runtime
-sums: deterministic, no atomics. The recurrent kernels read them the same way (a step's
-offset is row · N + feature) and write a learnable one's gradient per element [B, N], summed
-over the steps, which the runtime reduces to the parameter's values.
+per value, ``__size``: values), never a full-size copy.
+
+Tiled backward: when a learnable parameter has a shape, the backward sees one step as rows
+of ``_P`` neurons (``_P``: the neurons after which every shaped parameter repeats, so a
+column has one value of each) and each program takes a tile of ``_ROWS`` rows by ``_COLS``
+columns. It sums its gradient over the tile's rows, then over the columns sharing one value
+(a segmented scan), into ``<name>__grad`` [row tiles, segments, ``<name>__split``] (a
+segment: the ``__inner`` columns sharing one value; split: the column tiles one segment can
+span). With every row in one tile, a per-neuron parameter's partial sums are its gradient;
+otherwise the runtime sums them: deterministic, no atomics. The recurrent kernels read shaped
+parameters the same way (a step's offset is row · N + feature) and write a learnable one's
+gradient per element [B, N], summed over the steps, which the runtime reduces to the
+parameter's values.
 """
 from __future__ import annotations
 
@@ -56,9 +62,13 @@ def _segmented_add(a, a_segment, b, b_segment):
 I1, I2 = "    ", "        "
 
 
-def _params_load(info: FlexSNInfo) -> list[str]:
-    """Each runtime parameter's value: a scalar for all neurons, or a shaped parameter's value per neuron."""
+def _params_load(info: FlexSNInfo, tiled: bool = False) -> list[str]:
+    """Each runtime parameter's value: a scalar for all neurons, or a shaped parameter's value per neuron
+    (in a tile, per column: every row of a column has the same values)."""
     lines = [f"{I1}{name} = tl.load(_params + {k}).to(_DTYPE)" for k, name in enumerate(info.scalar_params)]
+    if tiled:
+        return lines + [f"{I1}{n} = tl.broadcast_to(tl.load({n}__param + (_cols // {n}__inner) % {n}__size)"
+                        f".to(_DTYPE)[None, :], [_ROWS, _COLS])" for n in info.shaped_names]
     return lines + [f"{I1}{n} = tl.load({n}__param + (_offs // {n}__inner) % {n}__size).to(_DTYPE)"
                     for n in info.shaped_names]
 
@@ -70,17 +80,18 @@ def _param_args(info: FlexSNInfo) -> tuple[list[str], str]:
 
 
 def _shaped_grads(info: FlexSNInfo) -> list[str]:
-    """Learnable shaped parameters: each segment's gradient summed within the block, stored per (segment, block)."""
-    names = [n for n in info.param_names if n in info.shaped_names]
-    if not names:
+    """Learnable shaped parameters (tiled backward): each column's gradient summed over the tile's rows,
+    then each segment's over its columns, stored per (row tile, segment, column tile)."""
+    if not info.learnable_shaped:
         return []
-    lines = [f"{I1}_block_last = tl.minimum(tl.program_id(0) * _BLOCK + _BLOCK, _N) - 1"]
-    for n in names:
-        lines += [f"{I1}{n}__segment = _offs // {n}__inner",
-                  f"{I1}{n}__total, _ = tl.associative_scan(({n}__grad_sum, {n}__segment), 0, _segmented_add)",
-                  f"{I1}{n}__end = _mask & ((((_offs + 1) % {n}__inner) == 0) | (_offs == _block_last))",
-                  f"{I1}tl.store({n}__grad + {n}__segment * {n}__split + tl.program_id(0) - "
-                  f"({n}__segment * {n}__inner) // _BLOCK, {n}__total, mask={n}__end)"]
+    lines = [f"{I1}_cols_last = tl.minimum(tl.program_id(0) * _COLS + _COLS, _P) - 1"]
+    for n in info.learnable_shaped:
+        lines += [f"{I1}{n}__column = tl.sum({n}__grad_sum, axis=0)",
+                  f"{I1}{n}__segment = _cols // {n}__inner",
+                  f"{I1}{n}__total, _ = tl.associative_scan(({n}__column, {n}__segment), 0, _segmented_add)",
+                  f"{I1}{n}__end = (_cols < _P) & ((((_cols + 1) % {n}__inner) == 0) | (_cols == _cols_last))",
+                  f"{I1}tl.store({n}__grad + (tl.program_id(1) * (_P // {n}__inner) + {n}__segment) * {n}__split + "
+                  f"tl.program_id(0) - ({n}__segment * {n}__inner) // _COLS, {n}__total, mask={n}__end)"]
     return lines
 
 
@@ -93,10 +104,15 @@ def _store(ptr: str, value: str) -> str:
     return f"tl.store({ptr}, {value}.to({target}.dtype.element_ty), mask=_mask)"
 
 
-def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
+BLOCK_SIZES = "_N, _BLOCK: tl.constexpr"
+TILE_SIZES = "_N, _P, _ROWS: tl.constexpr, _COLS: tl.constexpr"
+
+
+def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str,
+               sizes: str = BLOCK_SIZES) -> list[str]:
     lines = ["@triton.jit", f"def {identifier(kernel_name(info.neuron, name))}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
-    lines += [f"{I1}_T, _N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr{flags},", "):"]
+    lines += [f"{I1}_T, {sizes}, _DTYPE: tl.constexpr, _STAGES: tl.constexpr{flags},", "):"]
     return lines
 
 
@@ -110,6 +126,14 @@ def _if(flag: str, then: list[str], otherwise: list[str] | None = None) -> list[
 
 def _head() -> list[str]:
     return [f"{I1}_offs = tl.program_id(0) * _BLOCK + tl.arange(0, _BLOCK)", f"{I1}_mask = _offs < _N"]
+
+
+def _tile_head() -> list[str]:
+    """A tile of _ROWS rows by _COLS columns of the step seen as [_N // _P, _P]."""
+    return [f"{I1}_rows = tl.program_id(1) * _ROWS + tl.arange(0, _ROWS)",
+            f"{I1}_cols = tl.program_id(0) * _COLS + tl.arange(0, _COLS)",
+            f"{I1}_offs = _rows[:, None] * _P + _cols[None, :]",
+            f"{I1}_mask = (_rows[:, None] < _N // _P) & (_cols[None, :] < _P)"]
 
 
 def _forward_kernel(cores: Cores, variant: str) -> str:
@@ -188,20 +212,24 @@ def _backward_kernel(cores: Cores) -> str:
     walking = grad_out + read_unique + grad_in
     param_args, param_comment = _param_args(info)
     grads = ["_params_grad"] if info.scalar_params else []
-    grads += [f"{n}__{k}" for n in info.param_names if n in info.shaped_names for k in ("grad", "split")]
+    grads += [f"{n}__{k}" for n in info.learnable_shaped for k in ("grad", "split")]
+    tiled = bool(info.learnable_shaped)
+    shape = "[_ROWS, _COLS]" if tiled else "[_BLOCK]"
     lines = _signature(info, "backward", [
         (grad_out + [f"{n}__grad_states" for n in info.state_names] + [f"{n}__grad_final" for n in info.state_names],
          "upstream gradients"),
         (kept, "what the forward kept"),
         (grad_in + [f"{n}__grad_init" for n in info.state_names], "written"),
         (param_args, param_comment),
-        (grads, "partial parameter gradients: scalars [blocks, P]; shaped [segments, split]"),
-    ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
+        (grads, "partial parameter gradients: scalars [programs, P]; shaped [row tiles, segments, split]"
+         if tiled else "partial parameter gradients [programs, P]"),
+    ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr",
+        TILE_SIZES if tiled else BLOCK_SIZES)
     lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
-    lines += _head() + _params_load(info)
+    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled)
     lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names],
-                 [f"{I1}{n}__grad_acc = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in info.state_names])
-    lines += [f"{I1}{n}__grad_sum = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in info.param_names]
+                 [f"{I1}{n}__grad_acc = tl.zeros({shape}, dtype=_DTYPE)" for n in info.state_names])
+    lines += [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names]
     lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
     lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
@@ -219,8 +247,11 @@ def _backward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{p}_ptr -= _N" for p in walking]
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names])
-    lines += [f"{I1}tl.store(_params_grad + tl.program_id(0) * {info.num_params} + {k}, "
-              f"tl.sum({n}__grad_sum, axis=0))" for k, n in enumerate(info.scalar_params)]
+    # one row of scalar partial sums per program, in launch order
+    program, total = ("(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))", "tl.sum(tl.sum({}, axis=1), axis=0)") \
+        if tiled else ("tl.program_id(0)", "tl.sum({}, axis=0)")
+    lines += [f"{I1}tl.store(_params_grad + {program} * {info.num_params} + {k}, {total.format(f'{n}__grad_sum')})"
+              for k, n in enumerate(info.scalar_params)]
     lines += _shaped_grads(info)
     return "\n".join(lines) + "\n"
 
@@ -308,7 +339,7 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     fed_output = info.output_names[info.recurrent[0][2]]
     kept, read_unique, grad_out, grad_in, call_args, results = _backward_names(info)
     walking = grad_out + read_unique + grad_in
-    shaped_grads = [n for n in info.param_names if n in info.shaped_names]
+    shaped_grads = list(info.learnable_shaped)
     lines = _recurrent_signature(info, "recurrent_backward", [
         (grad_out + [f"{n}__grad_final" for n in info.state_names] + [f"{r}__grad_final"], "upstream gradients"),
         (kept + ["_weight"], "what the forward kept, weight [N, N]"),
@@ -362,7 +393,7 @@ def module_source(cores: Cores, header: str) -> str:
     """A complete Python module: imports, cores, every kernel variant and INFO."""
     recurrent = RECURRENT_VARIANTS if [kind for _, kind, _ in cores.info.recurrent] == ["output"] else ()
     kernels = "\n\n".join(kernel_source(cores, v) for v in VARIANTS + recurrent)
-    helpers = HEAVISIDE + ("\n\n" + SEGMENTED_ADD if set(cores.info.param_names) & set(cores.info.shaped_names) else "")
+    helpers = HEAVISIDE + ("\n\n" + SEGMENTED_ADD if cores.info.learnable_shaped else "")
     return (f"{header}\n"
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n"
             "from flexsn_dsl.codegen_triton import FlexSNInfo\n\n"

@@ -20,6 +20,7 @@ from .names import kernel_name
 
 CPU_BLOCK = 1024
 MAX_STAGES = 16
+MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
 
 
 class LaunchSettings(NamedTuple):
@@ -85,7 +86,7 @@ class Kernels:
         return settings.autotune and not self.interpret
 
     def launch(self, variant: str, n: int, args: list, **constexprs) -> int:
-        """Launch over n neurons; returns the number of programs."""
+        """Launch over n neurons in blocks; returns the number of programs."""
         settings = launch_settings()
         kernel = getattr(self.module, kernel_name(self.name, variant))
         if self._autotuned(settings):
@@ -97,18 +98,54 @@ class Kernels:
         kernel[grid](*args, **config, **constexprs)
         return grid[0]
 
-    def _block(self, n: int) -> int:
-        """The block size of a launch over n neurons (a lower bound on it when autotuning)."""
-        return 64 if self._autotuned(launch_settings()) else self.config(n)["_BLOCK"]
+    def launch_tiled(self, variant: str, tiling: "Tiling", args: list, **constexprs) -> None:
+        """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles. Its tile
+        is the block of the built-in choice for the same neurons (not autotuned)."""
+        config = self.config(tiling.rows * tiling.period, launch_settings().stages)
+        del config["_BLOCK"]
+        kernel = getattr(self.module, kernel_name(self.name, variant))
+        kernel[tiling.grid](*args, _ROWS=tiling.tile_rows, _COLS=tiling.tile_cols, **config, **constexprs)
 
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
-        return triton.cdiv(n, self._block(n))
+        block = 64 if self._autotuned(launch_settings()) else self.config(n)["_BLOCK"]  # autotuning: the smallest
+        return triton.cdiv(n, block)
 
-    def split(self, n: int, inner: int) -> int:
-        """An upper bound on the blocks that the ``inner`` neurons sharing one value of a shaped parameter span."""
-        block = self._block(n)
-        return (inner - 1 + block - 1) // block + 1
+    def tiling(self, n: int, period: int) -> "Tiling":
+        """The tiles of the tiled backward over n neurons seen as rows of ``period``: as many rows per tile
+        as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n."""
+        block = self.config(n)["_BLOCK"]
+        rows = n // period
+        tile_rows = min(1 << (rows - 1).bit_length(), max(block // MIN_COLS, 1))
+        return Tiling(period, rows, tile_rows, block // tile_rows)
+
+
+class Tiling(NamedTuple):
+    """The tiled backward's geometry: ``rows`` rows of ``period`` neurons, tiles of ``tile_rows`` by ``tile_cols``."""
+
+    period: int
+    rows: int
+    tile_rows: int
+    tile_cols: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return triton.cdiv(self.period, self.tile_cols), triton.cdiv(self.rows, self.tile_rows)
+
+    @property
+    def programs(self) -> int:
+        return math.prod(self.grid)
+
+    def split(self, inner: int) -> int:
+        """The most column tiles that the ``inner`` columns sharing one value of a shaped parameter span."""
+        cols = self.tile_cols
+        if cols % inner == 0 or inner % cols == 0:  # segments aligned with the tiles
+            return max(inner // cols, 1)
+        return (inner - 1 + cols - 1) // cols + 1
+
+    def partial_shape(self, inner: int) -> tuple[int, int, int]:
+        """The partial sums of a learnable shaped parameter: [row tiles, segments, split]."""
+        return self.grid[1], self.period // inner, self.split(inner)
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,9 +165,7 @@ def interpreting() -> bool:
 def _tuned(kernel):
     configs = [triton.Config({"_BLOCK": b}, num_warps=w) for b, w in
                ((64, 2), (128, 2), (256, 2), (512, 4), (1024, 4), (2048, 8))]
-    # the partial gradients of shaped parameters are written where each block size puts them
-    zeroed = [a for a in kernel.arg_names if a.endswith("__grad") and not a.startswith("_")]
-    return triton.autotune(configs=configs, key=["_N", "_DTYPE"], reset_to_zero=zeroed or None)(kernel)
+    return triton.autotune(configs=configs, key=["_N", "_DTYPE"])(kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,6 +189,22 @@ def shaped_view(value: torch.Tensor, step_shape: Sequence[int]) -> tuple[torch.T
     dims = tuple(step_shape[first:last + 1])
     values = value.reshape(aligned[first:last + 1]).expand(dims).reshape(-1).contiguous()
     return values, max(math.prod(step_shape[last + 1:]), 1), math.prod(dims)
+
+
+def shaped_period(layout: Sequence[int]) -> int:
+    """The neurons after which every shaped parameter repeats: the largest inner * size (each is the
+    product of the step's trailing dimensions from the first its parameter varies over, so the
+    largest is a multiple of the others)."""
+    return max(inner * size for inner, size in zip(layout[0::2], layout[1::2]))
+
+
+def _shaped_gradient(partial: torch.Tensor, size: int) -> torch.Tensor:
+    """A learnable shaped parameter's gradient from its partial sums [row tiles, segments, split]
+    (segment j holds value j % size): the partial sums themselves where each value has one, else
+    their sum over row tiles, repeats and column tiles (a fixed order: the same bits every run)."""
+    if partial.numel() == size:
+        return partial.view(size)
+    return partial.view(partial.shape[0], -1, size, partial.shape[2]).sum((0, 1, 3))
 
 
 def _forward(kernels: Kernels, xs, inits, params, shaped, layout, training: bool, store_seqs: bool):
@@ -223,28 +274,33 @@ def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, f
         grad_shaped = [torch.zeros_like(v) if grad else None for v, grad in zip(shaped, learnable)]
     else:
         grad_x = [torch.empty_like(x) for x in flat_x]
-        grad_init = [like.new_empty((n,)) for _ in range(n_st)]
+        grad_init = [like.new_empty((n,)) for _ in range(n_st)] if init_grads else []
         unused = grad_x[0]  # a valid pointer for arguments a flag leaves unread
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *flat_x,
-                *flat_out, *grad_x, *(grad_init if init_grads else [unused] * n_st)]
+                *flat_out, *grad_x, *(grad_init or [unused] * n_st)]
         args += _param_args(info, params, shaped, layout)
-        if info.scalar_params:
-            partial = params.new_zeros((kernels.blocks(n), info.num_params))
-            args.append(partial)
-        partials = {}  # learnable shaped parameter k -> partial sums [segments, split]
-        for k, (values, grad) in enumerate(zip(shaped, learnable)):
-            if grad:
-                split = kernels.split(n, layout[2 * k])
-                partials[k] = values.new_zeros((n // layout[2 * k], split))
-                args += [partials[k], split]
-        programs = kernels.launch("backward", n, args + [T, n], _DTYPE=_compute_dtype(like.dtype),
-                                  _HAS_STATE_GRADS=grad_seqs is not None, _HAS_FINAL_GRADS=grad_finals is not None,
-                                  _WRITE_INIT_GRADS=init_grads)
-        if info.scalar_params:  # only the rows this launch wrote (autotuning tries other block sizes)
+        flags = dict(_DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
+                     _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads)
+        if info.learnable_shaped:
+            tiling = kernels.tiling(n, shaped_period(layout))
+            partial = params.new_zeros((tiling.programs, info.num_params)) if info.scalar_params else None
+            partials = {}  # learnable shaped parameter k -> partial sums [row tiles, segments, split]
+            for k, (values, grad) in enumerate(zip(shaped, learnable)):
+                if grad:
+                    partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
+            args += [partial] if partial is not None else []
+            args += [a for p in partials.values() for a in (p, p.shape[2])]
+            kernels.launch_tiled("backward", tiling, args + [T, n, tiling.period], **flags)
+            programs = tiling.programs
+            grad_shaped = [_shaped_gradient(partials[k], v.numel()) if k in partials else None
+                           for k, v in enumerate(shaped)]
+        else:
+            partial = params.new_zeros((kernels.blocks(n), info.num_params)) if info.scalar_params else None
+            programs = kernels.launch("backward", n, args + ([partial] if partial is not None else []) + [T, n],
+                                      **flags)
+            grad_shaped = [None] * len(shaped)
+        if partial is not None:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
-        # segment j holds value j % size: sum over its repeats and over the blocks a segment spans
-        grad_shaped = [partials[k].view(-1, v.numel(), partials[k].shape[1]).sum((0, 2)) if k in partials else None
-                       for k, v in enumerate(shaped)]
     grad_init = [g.reshape(shape[1:]) for g in grad_init] if init_grads else []
     return [g.reshape(shape) for g in grad_x], grad_init, grad_params, grad_shaped
 

@@ -39,6 +39,10 @@ CASES = {
     "channel": ("[C, 1, 1]", {"C": 5}, (3, 3, 5, 9, 11), (5, 1, 1)),
     "neuron": ("[N]", {"N": 517}, (4, 3, 517), (517,)),
     "channel_width": ("[C, 1, W]", {"C": 3, "W": 7}, (3, 7, 3, 11, 7), (3, 1, 7)),
+    # the tiled backward's general cases: channels of 77 neurons across tiles 64 columns wide;
+    # 40 rows in three row tiles of 16, whose partial sums the runtime adds
+    "channel_unaligned": ("[C, 1, 1]", {"C": 3}, (2, 16, 3, 7, 11), (3, 1, 1)),
+    "neuron_rows": ("[N]", {"N": 7}, (3, 40, 7), (7,)),
 }
 
 
@@ -253,6 +257,24 @@ def test_torch_compile_fullgraph_on_both_backends(fresh_dynamo):
     for other in results[1:]:
         for a, b in zip(results[0], other):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_partial_gradients_of_the_benchmark_shapes_are_no_larger_than_needed(monkeypatch):
+    """On an H200 (132 SMs): a per-neuron tau's partial sums are its gradient (every row in one tile),
+    and a per-channel parameter has one partial sum per program (as a scalar one has)."""
+    from flexsn_dsl import triton_runtime as tr
+    monkeypatch.setattr(tr, "_sm_count", lambda: 132)
+    kernels = object.__new__(tr.Kernels)
+    kernels.interpret = False
+    tau, inner, size = tr.shaped_view(torch.ones(65536), (16, 65536))
+    tiling = kernels.tiling(16 * 65536, tr.shaped_period([inner, size]))
+    assert (tiling.tile_rows, tiling.tile_cols) == (16, 64) and tiling.partial_shape(inner) == (1, 65536, 1)
+    partial = torch.arange(65536.0).reshape(tiling.partial_shape(inner))
+    assert tr._shaped_gradient(partial, size).data_ptr() == partial.data_ptr()  # no reduction, no copy
+    w, inner, size = tr.shaped_view(torch.ones(128, 1, 1), (32, 128, 32, 32))
+    n = 32 * 128 * 32 * 32
+    tiling = kernels.tiling(n, tr.shaped_period([inner, size]))
+    assert tiling.partial_shape(inner) == (1, 128, 32) and tiling.programs == 128 * 32 == kernels.blocks(n)
 
 
 def test_generated_kernels_read_shaped_parameters_by_index():
