@@ -50,7 +50,8 @@ def izhikevich_loop(x: torch.Tensor, a=0.02, b=0.2, c=-0.65, d=0.08, v_th=0.3):
 
 
 def test_simulate_lif_traces_match_a_hand_written_loop():
-    x = torch.rand(40, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2.5
+    # simulate() runs on the CPU: the drive is a CPU tensor (also where the default device is CUDA)
+    x = torch.rand(40, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64, device="cpu") * 2.5
     sim = flexsn_dsl.simulate(LIF, x.numpy(), params={"tau": 3.0})
     v, s = lif_loop(x, tau=3.0)
     assert (sim.steps, sim.neurons, sim.spike_output) == (40, 5, "s")
