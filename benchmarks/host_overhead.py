@@ -1,8 +1,8 @@
-"""Where the host time of one eager training call goes (LIF, T=8, 4M neurons, CUDA).
+"""Where the host time of one eager training call goes (LIF, T=8, 4M neurons unless given, CUDA).
 
 Each piece is timed on the host only (perf_counter around the call, no waiting for the GPU
 except every 20 calls; medians of 200 calls after warm-up): what Python, autograd and the
-launchers cost while the GPU runs behind. Usage: python benchmarks/host_overhead.py [spec]
+launchers cost while the GPU runs behind. Usage: python benchmarks/host_overhead.py [spec [T n]]
 """
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import gc
 import sys
 
 import torch
-import triton.language as tl
 
 import flexsn_dsl
 from flexsn_dsl import triton_runtime as tr
-from flexsn_dsl.bench import host_ms
+from flexsn_dsl.bench import _runner, host_ms, minimal_runner
 
 
 def host_us(fn) -> float:
@@ -33,21 +32,21 @@ class Identity(torch.autograd.Function):
 
 spec = sys.argv[1] if len(sys.argv) > 1 else "neurons/lif.yaml"
 m = flexsn_dsl.load(spec, backend="triton").cuda()
-T, n = 8, 4 << 20
+T, n = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (8, 4 << 20)
 x = torch.rand(T, n, device="cuda", requires_grad=True)
 g = torch.randn_like(x)
 k = tr._kernels(m._compiled, "cuda")
 info = k.info
 assert info.num_inputs == 1 and info.num_outputs == 1 and not info.param_names, "a LIF-like spec"
 xd = x.detach()
+plan = k.plan(x.shape, x.dtype, tr.launch_settings())
 outs = [torch.empty_like(x) for _ in info.output_names]
 saved = [torch.empty_like(x) for _ in info.saved_names]
 finals = [torch.empty(n, device="cuda") for _ in info.state_names]
 gx = torch.empty_like(x)
 st = info.num_states
-fwd_args = [xd, *finals, *outs, *saved, *finals, T, n]
-bwd_args = [g, *[gx] * st, *[gx] * st, *saved, xd, *outs, gx, *[gx] * st, T, n]
-const = {"_CONST_INIT": True} if info.initial_values else {}
+fwd_args = [xd, *finals, *outs, *saved, *finals]
+bwd_args = [g, *[gx] * st, *[gx] * st, *saved, xd, *outs, gx, *[gx] * st]
 
 
 def inference():
@@ -77,14 +76,16 @@ def training_backward_call():
 
 
 rows = {
-    "launch forward kernel": lambda: k.launch("forward_final_state", n, fwd_args, _DTYPE=tl.float32, **const),
-    "launch backward kernel": lambda: k.launch("backward", n, bwd_args, _DTYPE=tl.float32, _HAS_STATE_GRADS=False,
-                                               _HAS_FINAL_GRADS=False, _WRITE_INIT_GRADS=False),
+    "launch forward kernel": lambda: plan.launch("forward_final_state", fwd_args, plan.const_init),
+    "launch backward kernel": lambda: plan.launch("backward", bwd_args, plan.backward_flags[False, False, False]),
     "torch.empty_like x4": lambda: [torch.empty_like(x) for _ in range(4)],
     "autograd.grad of an identity Function": lambda: torch.autograd.grad(Identity.apply(x), [x], g),
     "module inference call": inference,
     "module forward (grad enabled)": forward,
     "module training call (forward + autograd.grad)": training,
+    "minimal Function inference call (host floor)": minimal_runner(m, [x], "inference"),
+    "minimal Function training call (host floor)": minimal_runner(m, [x], "training"),
+    "bench's flexsn-dsl training call": _runner(m, [x], "training"),
 }
 for name, fn in rows.items():
     print(f"{name:50s} {host_us(fn):8.1f} us", flush=True)
@@ -92,7 +93,7 @@ m.reset()
 y = m(x)
 rows = {
     "autograd.grad of a kept module graph": lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
-    "_backward called directly": lambda: tr._backward(k, False, x.shape, [g, None], saved, [xd], outs, None, False),
+    "_backward called directly": lambda: tr._backward(plan, False, [g, None], saved, [xd], outs, None, [], [], False),
     "training call, graph kept (retain_graph)": training_kept,
     "training call with .backward()": training_backward_call,
 }

@@ -1,4 +1,4 @@
-"""``flexsn-dsl bench``: our kernels against torch loops, torch.compile and SpikingJelly.
+"""``flexsn-dsl bench``: our kernels against a bare launch, torch loops, torch.compile and SpikingJelly.
 
 Every case is timed in one process: ``triton.testing.do_bench`` medians after
 warm-up on CUDA (perf_counter medians on the CPU, where "ours" runs in Triton's
@@ -27,7 +27,7 @@ from .console import UsageError, parse_params, parse_sizes
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
-PEERS = ("torch", "compile", "spikingjelly")
+PEERS = ("minimal", "torch", "compile", "spikingjelly")
 COMPILE_MAX_T = 16  # torch.compile unrolls the time loop and FlexSN traces it: compile time grows with T
 
 
@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=DTYPES)
     parser.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
-                        help="what to compare with (default: all available)")
+                        help="what to compare with (default: all available): minimal (a bare autograd.Function "
+                             "launching the same kernels with no checks: the host floor), torch (the generated torch "
+                             "step in a loop), compile (that loop under torch.compile), spikingjelly (LIF specs)")
     parser.add_argument("--compile-max-T", type=int, default=COMPILE_MAX_T, metavar="T",
                         help="skip the peers whose compilation grows with T (torch.compile unrolls the time loop, "
                              f"SpikingJelly's FlexSN traces it: minutes at T=64) above this T (default {COMPILE_MAX_T})")
@@ -211,6 +213,64 @@ def _runner(module, xs, mode: str):
     return run
 
 
+def minimal_runner(module, xs, mode: str) -> Callable | None:
+    """The host floor: the spec's fused kernels launched by a bare autograd.Function (inference:
+    a bare launch) with no checks, the launch arguments computed once for these inputs (which
+    must be contiguous); a call from reset states. None for a spec whose kernels take more than
+    inputs (runtime parameters, initial states that are not constants)."""
+    import torch
+
+    from . import triton_runtime as tr
+    info = module.info
+    if info.param_names or info.shaped_names or not info.initial_values:
+        return None
+    x = xs[0]
+    plan = tr._kernels(module._compiled, x.device.type).plan(x.shape, x.dtype, tr.launch_settings())
+    T, n, step, kw = plan.T, plan.n, plan.step, plan.const_init
+    n_out, n_saved, n_st = info.num_outputs, len(info.saved_names), info.num_states
+    forward, inference, backward = (plan.launchers[v] for v in ("forward_final_state", "inference_final_state",
+                                                                "backward"))
+    kw_backward = plan.backward_flags[False, False, False]
+
+    class Minimal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *xs):
+            outs = [torch.empty_like(xs[0]) for _ in range(n_out)]
+            saved = [torch.empty_like(xs[0]) for _ in range(n_saved)]
+            finals = [xs[0].new_empty(step) for _ in range(n_st)]
+            forward(*xs, *finals, *outs, *saved, *finals, T, n, **kw)
+            ctx.save_for_backward(*xs, *outs, *saved)
+            return tuple(outs)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            tensors = ctx.saved_tensors
+            xs, outs, saved = tensors[:len(tensors) - n_out - n_saved], tensors[-n_out - n_saved:-n_saved or None], \
+                tensors[len(tensors) - n_saved:]
+            grad_x = [torch.empty_like(x) for x in xs]
+            unused = [grad_x[0]] * n_st
+            backward(*grads, *unused, *unused, *saved, *xs, *outs, *grad_x, *unused, T, n, **kw_backward)
+            return tuple(grad_x)
+
+    if mode == "inference":
+        def run():
+            with torch.no_grad():
+                outs = [torch.empty_like(xs[0]) for _ in range(n_out)]
+                finals = [xs[0].new_empty(step) for _ in range(n_st)]
+                inference(*xs, *finals, *outs, *finals, T, n, **kw)
+                return outs
+        return run
+    grads = None
+
+    def run():
+        nonlocal grads
+        ys = Minimal.apply(*xs)
+        if grads is None:
+            grads = [torch.randn_like(y) for y in ys]
+        return torch.autograd.grad(ys, xs, grads)
+    return run
+
+
 def _tensors(values) -> list:
     import torch
     out = []
@@ -318,6 +378,10 @@ def run_bench(args) -> list[Result]:
                     for mode in args.mode:
                         floor_ms = floor_bytes(info, T, n, xs[0].element_size(), mode) / bandwidth * 1e3
                         impls: list[tuple[str, Callable | None, str]] = [("flexsn-dsl", _runner(ours, xs, mode), "")]
+                        if "minimal" in args.peers:
+                            minimal = minimal_runner(ours, xs, mode)
+                            impls.append(("minimal Function", minimal, "" if minimal else
+                                          "skipped: runtime parameters or initial states that are not constants"))
                         if "torch" in args.peers:
                             impls.append(("torch loop", _runner(reference, xs, mode), ""))
                         if "compile" in args.peers:

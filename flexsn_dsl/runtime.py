@@ -136,6 +136,10 @@ class FlexSN(nn.Module):
         # Generate the torch step now rather than lazily inside ``forward``: the lazy path
         # takes a lock (functools.cached_property), which breaks torch.compile graphs.
         self._compiled.torch_namespace  # noqa: B018 - initial_states() is needed by every backend
+        spec = self._compiled.model
+        self._shaped, self._runtime_params = tuple(spec.shaped), tuple(spec.runtime_params)  # (not per call)
+        # whether every initial state is a number (else it depends on a runtime parameter)
+        self._constant_init = not any(isinstance(v, torch.Tensor) for v in self._initial_values())
         if self.backend != "torch":
             try:
                 triton_runtime()
@@ -211,8 +215,8 @@ class FlexSN(nn.Module):
     # -- running ---------------------------------------------------------------
     def reset(self) -> None:
         """Forget the states (they restart from their initial values at the next call)."""
-        self.states = {}
-        self.state_seqs = {}
+        _set(self, "states", {})
+        _set(self, "state_seqs", {})
 
     def detach(self) -> None:
         """Cut the states (and state sequences) from the autograd graph of earlier calls, keeping
@@ -222,11 +226,11 @@ class FlexSN(nn.Module):
 
     def _param_values(self) -> dict[str, torch.Tensor]:
         """The runtime parameters (learnable or shaped), as the generated code takes them."""
-        return {name: getattr(self, name) for name in self.spec.runtime_params}
+        return {name: getattr(self, name) for name in self._runtime_params}
 
     def _check_shapes(self, x: torch.Tensor, name: str, step: torch.Size) -> None:
         """Every shaped parameter must broadcast to one step of the inputs (trailing dimensions aligned)."""
-        for p in self.spec.shaped:
+        for p in self._shaped:
             shape = tuple(getattr(self, p).shape)
             # (s != 1 and s != d, not `s not in (1, d)`: torch.compile would compare symbolic sizes by identity)
             if len(shape) > len(step) or any(s != 1 and s != d for s, d in zip(reversed(shape), reversed(step))):
@@ -282,36 +286,41 @@ class FlexSN(nn.Module):
         return "torch"
 
     def forward(self, *inputs: torch.Tensor):
-        names = self.spec.inputs
+        spec = self._compiled.model
+        names = spec.inputs
         if len(inputs) != len(names):
-            raise TypeError(f"{self.spec.name} takes {len(names)} input(s) {names}, got {len(inputs)}")
+            raise TypeError(f"{spec.name} takes {len(names)} input(s) {names}, got {len(inputs)}")
         shape = inputs[0].shape
-        for name, x in zip(names, inputs):
+        for name, x in zip(names[1:], inputs[1:]):
             if x.shape != shape:
                 raise ValueError(f"input {name!r} has shape {tuple(x.shape)}, expected {tuple(shape)} like {names[0]!r}")
         inputs = _floating(inputs)
         if self.step_mode == "s":
             inputs = tuple(x.unsqueeze(0) for x in inputs)
-        if inputs[0].dim() < 1:
+        x = inputs[0]
+        if x.dim() < 1:
             raise ValueError("step_mode='m' needs inputs of shape [T, ...]")
-        self._check_shapes(inputs[0] if self.step_mode == "m" else inputs[0][0], names[0], inputs[0].shape[1:])
-        first = inputs[0][0] if inputs[0].shape[0] > 0 else inputs[0].new_zeros(inputs[0].shape[1:])
-        states = [self.states.get(n) for n in self.spec.states]
-        backend = self._choose_backend(first)
+        step = x.shape[1:]
+        if self._shaped:
+            self._check_shapes(x[0] if self.step_mode == "s" else x, names[0], step)
+        backend = self._choose_backend(x)
+        states = [self.states.get(n) for n in spec.states]
         carried = [s for s in states if s is not None]
-        if carried and carried[0].shape != first.shape:
+        if carried and carried[0].shape != step:
             what = "an input of shape" if self.step_mode == "s" else "input steps of shape"
-            raise ValueError(f"{self.spec.name}: {what} {tuple(first.shape)}, but the states carried from the last "
+            raise ValueError(f"{spec.name}: {what} {tuple(step)}, but the states carried from the last "
                              f"call have shape {tuple(carried[0].shape)}: call reset() before a new batch or input "
                              "shape (states carry over between calls until reset())")
         if len(carried) < len(states):
-            values = self._initial_values()
-            if backend == "triton" and not any(isinstance(v, torch.Tensor) for v in values):
+            if backend == "triton" and self._constant_init:
                 states = []  # constants: the kernels start from them and read no initial-state tensor
             else:
-                states = self._initial_states(values, first)
-        states = [s.to(device=first.device, dtype=first.dtype) for s in states]
-        fed = self._fed_back(first, names[0])
+                states = self._initial_states(self._initial_values(), x[0] if x.shape[0] else x.new_zeros(step))
+        if states:
+            dtype, device = x.dtype, x.device
+            states = [s if s.dtype == dtype and s.device == device else s.to(device=device, dtype=dtype)
+                      for s in states]
+        fed = self._fed_back(x, names[0]) if spec.recurrent else []
         if backend == "torch":
             outputs, finals, seqs, fed = self._run_torch(inputs, states, fed)
         elif self.spec.recurrent:
@@ -322,30 +331,32 @@ class FlexSN(nn.Module):
             seqs = []
         else:
             outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, self._param_values(),
-                                               self.store_state_seqs)
-        self.states = dict(zip(self.spec.states, finals))
-        self.states.update({r.prev_name: f for r, f in zip(self.spec.recurrent.values(), fed)})
+                                                                self.store_state_seqs)
+        carry = dict(zip(spec.states, finals))
+        if spec.recurrent:
+            carry.update({r.prev_name: f for r, f in zip(spec.recurrent.values(), fed)})
+        # (plain attributes: nn.Module.__setattr__ would look for a parameter, buffer or submodule of that name)
+        _set(self, "states", carry)
         if self.store_state_seqs:
-            self.state_seqs = dict(zip(self.spec.states, seqs))
-            if self.step_mode == "s":
-                self.state_seqs = {k: v[0] for k, v in self.state_seqs.items()}
+            _set(self, "state_seqs", dict(zip(spec.states, (s[0] for s in seqs) if self.step_mode == "s" else seqs)))
         if self.step_mode == "s":
             outputs = [o[0] for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _fed_back(self, first: torch.Tensor, name: str) -> list[torch.Tensor]:
-        """The carried previous value of each recurrent input's source (zeros after reset())."""
+    def _fed_back(self, x: torch.Tensor, name: str) -> list[torch.Tensor]:
+        """The carried previous value of each recurrent input's source (zeros after reset()); ``x``: inputs [T, ...]."""
         out = []
+        step = x.shape[1:]
         for r in self.spec.recurrent.values():
             n = getattr(self, r.weight_name).shape[0]
-            if first.dim() == 0 or first.shape[-1] != n:
+            if len(step) == 0 or step[-1] != n:
                 raise ShapeError(f"{self.spec.name}: recurrent input {r.name!r} needs steps of input {name!r} whose "
-                                 f"last dimension is N = {n} (the neurons), got step shape {list(first.shape)} "
+                                 f"last dimension is N = {n} (the neurons), got step shape {list(step)} "
                                  f"(step_mode={self.step_mode!r}): give inputs of shape [T, ..., N] (step_mode='m') "
                                  "or [..., N] (step_mode='s')")
             prev = self.states.get(r.prev_name)
-            out.append(first.new_zeros(first.shape) if prev is None or prev.shape != first.shape
-                       else prev.to(device=first.device, dtype=first.dtype))
+            out.append(x.new_zeros(step) if prev is None or prev.shape != step
+                       else prev.to(device=x.device, dtype=x.dtype))
         return out
 
     def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor], fed: list[torch.Tensor]):
@@ -371,9 +382,14 @@ class FlexSN(nn.Module):
         return outputs, list(states), seqs, list(fed)
 
 
+_set = object.__setattr__  # a plain attribute of a module, without nn.Module.__setattr__'s lookups
+
+
 def _floating(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """The inputs in their common dtype by torch's type promotion; integer and bool inputs
     become torch's default float dtype (the states they drive must hold fractions)."""
+    if len(inputs) == 1 and inputs[0].is_floating_point():
+        return inputs
     dtype = inputs[0].dtype
     for x in inputs[1:]:
         dtype = torch.promote_types(dtype, x.dtype)
@@ -386,15 +402,21 @@ def _floating(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
 
 def triton_runtime():
     """The Triton launcher module; :class:`MissingDependency` saying how to get Triton where it is not installed."""
-    try:
-        from . import triton_runtime as module
-    except ImportError as exc:
-        if (exc.name or "").partition(".")[0] != "triton":
-            raise
-        raise MissingDependency("backend='triton' needs Triton, which is not installed: `pip install triton` "
-                                "(Triton publishes wheels for Linux only; elsewhere use backend='torch', which "
-                                "computes the same function and gradients)") from exc
-    return module
+    global _TRITON_RUNTIME
+    if _TRITON_RUNTIME is None:
+        try:
+            from . import triton_runtime as module
+        except ImportError as exc:
+            if (exc.name or "").partition(".")[0] != "triton":
+                raise
+            raise MissingDependency("backend='triton' needs Triton, which is not installed: `pip install triton` "
+                                    "(Triton publishes wheels for Linux only; elsewhere use backend='torch', which "
+                                    "computes the same function and gradients)") from exc
+        _TRITON_RUNTIME = module
+    return _TRITON_RUNTIME
+
+
+_TRITON_RUNTIME = None  # the module, once imported
 
 
 def _like(value, like: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,7 @@ def _forward(kernels: Kernels, xs, inits, prev, weight, params, shaped, layout) 
     finals = [x.new_empty(B, N) for _ in [*info.state_names, "fed"]]
     if T and B and N:
         args = [*flat, *(init or [prev] * len(info.state_names)), prev, weight.contiguous(), *outs, *saved, *finals]
-        args += _param_args(info, _stack(params), shaped, layout)
+        args += _param_args(_stack(params), shaped, layout)
         flags = {"_CONST_INIT": not init} if info.initial_values else {}
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_forward"))
         kernel[(_blocks(B),)](*args, **_meta(x, T, B, N), _TRAIN=True, **flags)
@@ -117,7 +117,7 @@ def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, sh
     per_element = [x.new_zeros(B * N, dtype=compute) for _ in _learnable_shaped(info)]
     if T and B and N:
         args = [*g_out, *g_final, *saved[:-1], *flat_in, *flat_out, weight.contiguous(), *grad_in, *grad_init]
-        args += _param_args(info, _stack(params), shaped, layout)
+        args += _param_args(_stack(params), shaped, layout)
         args += ([partial] if info.scalar_params else []) + per_element
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_backward"))
         kernel[(blocks,)](*args, **_meta(x, T, B, N), _HAS_FINAL_GRADS=any(g is not None for g in finals),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 from typing import NamedTuple, Sequence
@@ -16,9 +17,10 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 import triton  # noqa: E402
 
 from .compiler import Compiled
-from .names import kernel_name
+from .names import VARIANTS, kernel_name
 
 CPU_BLOCK = 1024
+MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
 
@@ -56,7 +58,7 @@ def _torch_compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class Kernels:
-    """The kernels of one compiled spec for one kind of device."""
+    """The kernels of one compiled spec for one kind of device, and the launch plans of its calls."""
 
     def __init__(self, compiled: Compiled, device: torch.device):
         self.interpret = interpreting()
@@ -66,6 +68,7 @@ class Kernels:
         self.module = compiled.triton_module()
         self.info = self.module.INFO
         self.name = compiled.model.name
+        self._plans: dict[tuple, Plan] = {}
 
     def config(self, n: int, stages: int = 0) -> dict:
         """Launch meta-parameters: a block size that gives every SM a few programs (``stages``: the
@@ -77,26 +80,20 @@ class Kernels:
         # blocks of one warp and a 4-stage pipelined time loop keep the most loads in flight.
         sms = _sm_count()
         block = 1024
-        while block > 64 and triton.cdiv(n, block) < 4 * sms:
+        while block > 64 and _cdiv(n, block) < 4 * sms:
             block //= 2
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
         return {"_BLOCK": block, "num_warps": warps, "_STAGES": stages or (2 if block >= 512 else 4)}
 
-    def _autotuned(self, settings: LaunchSettings) -> bool:
-        return settings.autotune and not self.interpret
-
-    def launch(self, variant: str, n: int, args: list, **constexprs) -> int:
-        """Launch over n neurons in blocks; returns the number of programs."""
-        settings = launch_settings()
-        kernel = getattr(self.module, kernel_name(self.name, variant))
-        if self._autotuned(settings):
-            kernel = _tuned(kernel)
-            kernel[lambda meta: (triton.cdiv(n, meta["_BLOCK"]),)](*args, _STAGES=settings.stages or 2, **constexprs)
-            return triton.cdiv(n, kernel.best_config.kwargs["_BLOCK"])
-        config = self.config(n, settings.stages)
-        grid = (triton.cdiv(n, config["_BLOCK"]),)
-        kernel[grid](*args, **config, **constexprs)
-        return grid[0]
+    def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
+        """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
+        key = (shape, dtype, settings)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:  # shapes that keep changing: start over rather than grow
+                self._plans.clear()
+            plan = self._plans[key] = Plan(self, shape, dtype, settings)
+        return plan
 
     def launch_tiled(self, variant: str, tiling: "Tiling", args: list, **constexprs) -> None:
         """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles. Its tile
@@ -108,8 +105,8 @@ class Kernels:
 
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
-        block = 64 if self._autotuned(launch_settings()) else self.config(n)["_BLOCK"]  # autotuning: the smallest
-        return triton.cdiv(n, block)
+        autotuned = launch_settings().autotune and not self.interpret
+        return _cdiv(n, 64 if autotuned else self.config(n)["_BLOCK"])  # autotuning: the smallest block
 
     def tiling(self, n: int, period: int) -> "Tiling":
         """The tiles of the tiled backward over n neurons seen as rows of ``period``: as many rows per tile
@@ -148,6 +145,49 @@ class Tiling(NamedTuple):
         return self.grid[1], self.period // inner, self.split(inner)
 
 
+class Plan:
+    """What every call over one input shape, dtype and launch setting launches with, computed once:
+    the sizes, the kernels bound to their grid, and the keyword arguments of each launch."""
+
+    def __init__(self, kernels: Kernels, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings):
+        info = kernels.info
+        self.info = info
+        self.source = kernels  # (its tiled launch: the backward of a spec with learnable shaped parameters)
+        self.shape = shape                       # [T, *step]
+        self.T, self.step = shape[0], shape[1:]
+        self.n = math.prod(self.step)
+        self.autotuned = settings.autotune and not kernels.interpret
+        self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, v)) for v in VARIANTS}
+        if self.autotuned:
+            self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
+            self.block = 64  # a lower bound on the block size autotuning picks
+            meta: dict = {"_STAGES": settings.stages or 2}
+            grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
+        else:
+            meta = kernels.config(self.n, settings.stages)
+            self.block = meta["_BLOCK"]
+            grid = (_cdiv(self.n, self.block),)
+        self.launchers = {v: k[grid] for v, k in self.kernels.items()}
+        self.programs = _cdiv(self.n, self.block)  # the programs of a launch (an upper bound when autotuning)
+        # the keyword arguments of each launch: meta-parameters and constexpr flags
+        base = {**meta, "_DTYPE": _compute_dtype(dtype)}
+        has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
+        self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
+        self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
+        self.backward_flags = {
+            flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2]}
+            for flags in itertools.product((False, True), repeat=3)}
+
+    def launch(self, variant: str, args: list, keywords: dict) -> int:
+        """Launch ``variant`` over the plan's neurons; returns the number of programs it ran."""
+        self.launchers[variant](*args, self.T, self.n, **keywords)
+        return _cdiv(self.n, self.kernels[variant].best_config.kwargs["_BLOCK"]) if self.autotuned else self.programs
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -171,10 +211,6 @@ def _tuned(kernel):
 @functools.lru_cache(maxsize=None)
 def _kernels(compiled: Compiled, device_type: str) -> Kernels:
     return Kernels(compiled, torch.device(device_type))
-
-
-def _flat(x: torch.Tensor, T: int) -> torch.Tensor:
-    return x.reshape(T, math.prod(x.shape[1:])).contiguous()  # not -1: T may be 0
 
 
 def shaped_view(value: torch.Tensor, step_shape: Sequence[int]) -> tuple[torch.Tensor, int, int]:
@@ -207,133 +243,131 @@ def _shaped_gradient(partial: torch.Tensor, size: int) -> torch.Tensor:
     return partial.view(partial.shape[0], -1, size, partial.shape[2]).sum((0, 1, 3))
 
 
-def _forward(kernels: Kernels, xs, inits, params, shaped, layout, training: bool, store_seqs: bool):
-    """Run the forward kernels. Empty ``inits`` (for a spec whose initial states are all
+def _contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, store_seqs: bool):
+    """Run the forward kernels; returns (outputs, saved values, state sequences, final states, the
+    inputs as the kernels read them). Empty ``inits`` (for a spec whose initial states are all
     constants) starts from those constants without reading any initial-state tensor."""
-    info = kernels.info
-    T = xs[0].shape[0]
-    shape = xs[0].shape[1:]
-    n = math.prod(shape)
+    info = plan.info
     like = xs[0]
     const_init = not inits and info.num_states > 0
     if const_init and not info.initial_values:
         raise ValueError(f"{info.neuron}: no initial states given, and not all of them are constants")
-    flat_x = [_flat(x, T) for x in xs]
-    outs = [like.new_empty((T, n)) for _ in info.output_names]
-    saved = [like.new_empty((T, n)) for _ in info.saved_names] if training else []
-    seqs = [like.new_empty((T, n)) for _ in info.state_names] if store_seqs else []
-    finals = [like.new_empty((n,)) for _ in info.state_names]
-    flat_init = finals if const_init else [s.reshape(-1).contiguous() for s in inits]  # unread when constant
-    if T == 0:
+    xs = [_contiguous(x) for x in xs]
+    shape, step = plan.shape, plan.step
+    outs = [like.new_empty(shape) for _ in info.output_names]
+    saved = [like.new_empty(shape) for _ in info.saved_names] if training else []
+    seqs = [like.new_empty(shape) for _ in info.state_names] if store_seqs else []
+    finals = [like.new_empty(step) for _ in info.state_names]
+    inits = finals if const_init else [_contiguous(s) for s in inits]  # unread when constant
+    if plan.T == 0:
         finals = [f.fill_(v) for f, v in zip(finals, info.initial_values)] if const_init else \
-            [s.clone() for s in flat_init]
-    elif n > 0:
+            [s.clone() for s in inits]
+    elif plan.n > 0:
         variant = ("forward" if training else "inference") + ("" if store_seqs else "_final_state")
-        args = [*flat_x, *flat_init, *outs, *saved, *seqs, *finals, *_param_args(info, params, shaped, layout)]
-        flags = {"_CONST_INIT": const_init} if info.initial_values else {}
-        kernels.launch(variant, n, args + [T, n], _DTYPE=_compute_dtype(like.dtype), **flags)
-    view = lambda t: t.reshape(T, *shape)  # noqa: E731
-    return [view(o) for o in outs], saved, [view(s) for s in seqs], [f.reshape(shape) for f in finals], flat_x
+        args = [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout)]
+        flags = plan.const_init if const_init else plan.read_init
+        plan.launch(variant, args, flags)
+    return outs, saved, seqs, finals, xs
 
 
-def _param_args(info, params, shaped, layout) -> list:
-    """Kernel arguments of the runtime parameters: the scalar vector, then (tensor, inner, size) per shaped one."""
-    args = [params] if info.scalar_params else []
+def _param_args(params, shaped, layout) -> list:
+    """Kernel arguments of the runtime parameters: the scalar vector (if any), then (tensor, inner, size) per
+    shaped one."""
+    args = [params] if params is not None else []
     for k, values in enumerate(shaped):
         args += [values, layout[2 * k], layout[2 * k + 1]]
     return args
 
 
-def _present(grads: list, shape: tuple[int, ...], like: torch.Tensor) -> list[torch.Tensor] | None:
-    """Upstream gradients reshaped to ``shape``: None when none was given, zeros for a missing one."""
+def _present(grads: Sequence[torch.Tensor | None], shape: torch.Size, like: torch.Tensor) -> list[torch.Tensor] | None:
+    """Upstream gradients (of ``shape``) as the kernels read them: None when none was given, zeros for a missing one."""
     if all(g is None for g in grads):
         return None
-    return [g.reshape(shape).contiguous() if g is not None else like.new_zeros(shape) for g in grads]
+    return [like.new_zeros(shape) if g is None else _contiguous(g) for g in grads]
 
 
-def _backward(kernels: Kernels, store_seqs: bool, shape, grads, saved, flat_x, flat_out, params, shaped, layout,
-              init_grads: bool):
+def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool):
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
-    and final states."""
-    info = kernels.info
-    T = shape[0]
-    n = math.prod(shape[1:])
+    and final states; ``xs`` and ``outs`` as :func:`_forward` returned them."""
+    info = plan.info
+    T, n, shape, step = plan.T, plan.n, plan.shape, plan.step
     n_out, n_st = info.num_outputs, info.num_states
-    like = flat_x[0]
-    grad_outs = _present(list(grads[:n_out]), (T, n), like) or [like.new_zeros((T, n)) for _ in range(n_out)]
-    grad_seqs = _present(list(grads[n_out:n_out + n_st]), (T, n), like) if store_seqs else None
-    grad_finals = _present(list(grads[len(grads) - n_st:]), (n,), like) if n_st else None
+    like = xs[0]
+    grad_outs = _present(grads[:n_out], shape, like) or [like.new_zeros(shape) for _ in range(n_out)]
+    grad_seqs = _present(grads[n_out:n_out + n_st], shape, like) if store_seqs else None
+    grad_finals = _present(grads[len(grads) - n_st:], step, like) if n_st else None
     grad_params = None
     learnable = [name in info.param_names for name in info.shaped_names]
     if T == 0 or n == 0:
-        grad_x = [torch.zeros_like(x) for x in flat_x]
-        grad_init = [g.clone() for g in grad_finals] if grad_finals else [like.new_zeros((n,)) for _ in range(n_st)]
+        grad_x = [torch.zeros_like(x) for x in xs]
+        grad_init = ([g.clone() for g in grad_finals] if grad_finals else [like.new_zeros(step) for _ in range(n_st)]) \
+            if init_grads else []
         grad_params = params.new_zeros(params.shape) if params is not None else None
         grad_shaped = [torch.zeros_like(v) if grad else None for v, grad in zip(shaped, learnable)]
     else:
-        grad_x = [torch.empty_like(x) for x in flat_x]
-        grad_init = [like.new_empty((n,)) for _ in range(n_st)] if init_grads else []
+        grad_x = [torch.empty_like(x) for x in xs]
+        grad_init = [like.new_empty(step) for _ in range(n_st)] if init_grads else []
         unused = grad_x[0]  # a valid pointer for arguments a flag leaves unread
-        args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *flat_x,
-                *flat_out, *grad_x, *(grad_init or [unused] * n_st)]
-        args += _param_args(info, params, shaped, layout)
-        flags = dict(_DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
-                     _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads)
+        args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *xs,
+                *outs, *grad_x, *(grad_init or [unused] * n_st)]
+        args += _param_args(params, shaped, layout)
         if info.learnable_shaped:
-            tiling = kernels.tiling(n, shaped_period(layout))
-            partial = params.new_zeros((tiling.programs, info.num_params)) if info.scalar_params else None
+            tiling = plan.source.tiling(n, shaped_period(layout))
+            partial = params.new_zeros((tiling.programs, params.shape[0])) if params is not None else None
             partials = {}  # learnable shaped parameter k -> partial sums [row tiles, segments, split]
             for k, (values, grad) in enumerate(zip(shaped, learnable)):
                 if grad:
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
-            kernels.launch_tiled("backward", tiling, args + [T, n, tiling.period], **flags)
+            plan.source.launch_tiled("backward", tiling, args + [T, n, tiling.period],
+                                     _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
+                                     _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads)
             programs = tiling.programs
             grad_shaped = [_shaped_gradient(partials[k], v.numel()) if k in partials else None
                            for k, v in enumerate(shaped)]
         else:
-            partial = params.new_zeros((kernels.blocks(n), info.num_params)) if info.scalar_params else None
-            programs = kernels.launch("backward", n, args + ([partial] if partial is not None else []) + [T, n],
-                                      **flags)
+            partial = params.new_zeros((plan.programs, params.shape[0])) if params is not None else None
+            programs = plan.launch("backward", args + ([partial] if partial is not None else []),
+                                   plan.backward_flags[grad_seqs is not None, grad_finals is not None, init_grads])
             grad_shaped = [None] * len(shaped)
         if partial is not None:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
-    grad_init = [g.reshape(shape[1:]) for g in grad_init] if init_grads else []
-    return [g.reshape(shape) for g in grad_x], grad_init, grad_params, grad_shaped
+    return grad_x, grad_init, grad_params, grad_shaped
 
 
 class _TritonSteps(torch.autograd.Function):
-    """Fused multi-step forward and backward (eager). Tensor arguments: the scalar parameters,
-    the ``n_shaped`` shaped parameters' values (:func:`shaped_view`), the inputs, the initial states."""
+    """Fused multi-step forward and backward (eager). ``call``: (plan, store_seqs, number of inputs,
+    layout, number of shaped parameters); tensor arguments: the scalar parameters, the shaped
+    parameters' values (:func:`shaped_view`), the inputs, the initial states."""
 
     @staticmethod
-    def forward(ctx, kernels: Kernels, store_seqs: bool, n_inputs: int, layout: tuple[int, ...], n_shaped: int,
-                params, *tensors):
-        shaped, xs, inits = tensors[:n_shaped], list(tensors[n_shaped:n_shaped + n_inputs]), \
-            list(tensors[n_shaped + n_inputs:])
-        outs, saved, seqs, finals, flat_x = _forward(kernels, xs, inits, params, shaped, layout, True, store_seqs)
-        ctx.kernels, ctx.store_seqs, ctx.n_inputs, ctx.n_saved = kernels, store_seqs, n_inputs, len(saved)
-        ctx.layout, ctx.n_shaped = layout, n_shaped
-        ctx.shape = xs[0].shape
-        ctx.n_inits = len(inits)
-        ctx.save_for_backward(params, *shaped, *saved, *flat_x, *[_flat(o, ctx.shape[0]) for o in outs])
+    def forward(ctx, call: tuple, params, *tensors):
+        plan, store_seqs, n_inputs, layout, n_shaped = call
+        n_x = n_shaped + n_inputs
+        shaped, xs, inits = tensors[:n_shaped], tensors[n_shaped:n_x], tensors[n_x:]
+        outs, saved, seqs, finals, xs = _forward(plan, xs, inits, params, shaped, layout, True, store_seqs)
+        ctx.call, ctx.n_saved, ctx.n_inits = call, len(saved), len(inits)
+        ctx.save_for_backward(params, *shaped, *saved, *xs, *outs)
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*outs, *seqs, *finals)
 
     @staticmethod
     def backward(ctx, *grads):
+        plan, store_seqs, n_in, layout, n_shaped = ctx.call
         params, *tensors = ctx.saved_tensors
-        shaped, tensors = tensors[:ctx.n_shaped], tensors[ctx.n_shaped:]
-        k, n_in = ctx.n_saved, ctx.n_inputs
-        init_grads = any(ctx.needs_input_grad[6 + ctx.n_shaped + n_in:])
-        grad_x, grad_init, grad_params, grad_shaped = _backward(
-            ctx.kernels, ctx.store_seqs, ctx.shape, grads, tensors[:k], tensors[k:k + n_in], tensors[k + n_in:],
-            params, shaped, ctx.layout, init_grads)
-        return (None, None, None, None, None, grad_params, *grad_shaped, *grad_x,
-                *(grad_init or [None] * ctx.n_inits))
+        k = n_shaped + ctx.n_saved
+        shaped, saved, xs, outs = tensors[:n_shaped], tensors[n_shaped:k], tensors[k:k + n_in], tensors[k + n_in:]
+        init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[2 + n_shaped + n_in:])
+        grad_x, grad_init, grad_params, grad_shaped = _backward(plan, store_seqs, grads, saved, xs, outs, params,
+                                                                shaped, layout, init_grads)
+        return (None, grad_params, *grad_shaped, *grad_x, *(grad_init or [None] * ctx.n_inits))
 
 
 # -- the same, as custom operators, so that torch.compile(fullgraph=True) treats them as opaque --
@@ -344,6 +378,10 @@ def _kernels_for(key: str, like: torch.Tensor) -> Kernels:
     return _kernels(_REGISTRY[key], like.device.type)
 
 
+def _plan_for(key: str, like: torch.Tensor) -> Plan:
+    return _kernels_for(key, like).plan(like.shape, like.dtype, launch_settings())
+
+
 @torch.library.custom_op("flexsn_dsl::fused_forward", mutates_args=())
 def fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
                   params: list[torch.Tensor], shaped: list[torch.Tensor], layout: list[int]) -> list[torch.Tensor]:
@@ -352,7 +390,7 @@ def fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: lis
     holds each learnable scalar parameter as a 0-dim tensor (one each, so that each gets its own
     gradient); ``shaped`` and ``layout`` are the shaped parameters' values and (inner, size) pairs
     (:func:`shaped_view`)."""
-    outs, saved, seqs, finals, _ = _forward(_kernels_for(key, xs[0]), xs, inits, _stack(params), shaped, layout,
+    outs, saved, seqs, finals, _ = _forward(_plan_for(key, xs[0]), xs, inits, _stack(params), shaped, layout,
                                             True, store_seqs)
     return [*outs, *saved, *seqs, *finals]
 
@@ -365,8 +403,7 @@ def _stack(params: list[torch.Tensor]) -> torch.Tensor | None:
 def _fused_forward_fake(key, store_seqs, xs, inits, params, shaped, layout):
     info = _REGISTRY[key].info
     x = xs[0]
-    T, n = x.shape[0], math.prod(x.shape[1:])
-    return ([x.new_empty(x.shape) for _ in info.output_names] + [x.new_empty((T, n)) for _ in info.saved_names] +
+    return ([x.new_empty(x.shape) for _ in info.output_names] + [x.new_empty(x.shape) for _ in info.saved_names] +
             ([x.new_empty(x.shape) for _ in info.state_names] if store_seqs else []) +
             [x.new_empty(x.shape[1:]) for _ in info.state_names])
 
@@ -378,11 +415,9 @@ def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None],
     """Gradients of inputs, initial states (when ``init_grads``), the scalar parameters (an empty
     tensor when none), then each learnable shaped parameter, from the upstream gradients (None
     where there are none)."""
-    shape = xs[0].shape
-    T = shape[0]
     grad_x, grad_init, grad_params, grad_shaped = _backward(
-        _kernels_for(key, xs[0]), store_seqs, shape, grads, saved, [_flat(x, T) for x in xs],
-        [_flat(o, T) for o in outs], params, shaped, layout, init_grads)
+        _plan_for(key, xs[0]), store_seqs, grads, saved, [_contiguous(x) for x in xs], outs, params, shaped, layout,
+        init_grads)
     return [*grad_x, *grad_init, grad_params if grad_params is not None else xs[0].new_empty(0),
             *[g for g in grad_shaped if g is not None]]
 
@@ -447,16 +482,23 @@ def kernel_params(compiled: Compiled, params: dict[str, torch.Tensor], like: tor
     """The runtime parameters as the kernels take them, in the compute dtype of ``like`` (the
     inputs [T, ...]): each learnable scalar as a 0-dim tensor (INFO.scalar_params' order), and the
     shaped ones' values with their (inner, size) pairs (:func:`shaped_view`)."""
-    model = compiled.model
-    dtype = _torch_compute_dtype(like.dtype)
-    scalars = [params[n].to(device=like.device, dtype=dtype).reshape(())
-               for n in model.learnable if not model.parameters[n].shaped]
+    model = compiled.model  # (not INFO, which imports the kernels: nothing to trace under torch.compile)
+    dtype, device = _torch_compute_dtype(like.dtype), like.device
+    cast = lambda p: p if p.dtype == dtype and p.device == device else p.to(device=device, dtype=dtype)  # noqa: E731
+    scalars = [cast(params[n]).reshape(()) for n in model.learnable if not model.parameters[n].shaped]
     shaped, layout = [], []
     for name in model.shaped:
-        values, inner, size = shaped_view(params[name].to(device=like.device, dtype=dtype), like.shape[1:])
+        values, inner, size = shaped_view(cast(params[name]), like.shape[1:])
         shaped.append(values)
         layout += [inner, size]
     return scalars, shaped, layout
+
+
+def _requires_grad(tensors) -> bool:
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
 
 
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
@@ -464,33 +506,31 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     """Run T steps with the generated kernels; returns (outputs, final states, state sequences).
     Empty ``states``: start from the spec's constant initial values. ``params`` holds every runtime
     parameter (learnable scalars, and shaped ones that broadcast to a step)."""
-    model = compiled.model  # (not INFO, which imports the kernels: nothing to trace under torch.compile)
-    scalars = [n for n in model.learnable if not model.parameters[n].shaped]  # INFO.scalar_params
+    model = compiled.model
     like = inputs[0]
-    param_list, shaped, layout = kernel_params(compiled, params, like)
+    param_list, shaped, layout = kernel_params(compiled, params, like) if params else ([], [], [])
     n_out, n_st = len(model.outputs), len(model.states)
     if torch.compiler.is_compiling():  # opaque custom operators; registered by FlexSN.__init__
         results = fused_forward(compiled.module_name, store_seqs, list(inputs), list(states), param_list, shaped,
                                 layout)
         seqs = list(results[len(results) - 2 * n_st:len(results) - n_st]) if store_seqs else []
         return list(results[:n_out]), list(results[len(results) - n_st:]), seqs
-    launch_settings()  # a bad setting is an error even for calls that launch nothing (T=0)
-    kernels = _kernels(compiled, like.device.type)
+    settings = launch_settings()  # a bad setting is an error even for calls that launch nothing (T=0)
+    kernels = _kernels(compiled, "cuda" if like.is_cuda else like.device.type)
+    plan = kernels.plan(like.shape, like.dtype, settings)
     zero = kernels.info.zero_grads  # not in the graph: no gradient (None), as on the torch backend
-    inputs = [x.detach() if name in zero else x for name, x in zip(model.inputs, inputs)]
-    param_vec = _stack([p.detach() if name in zero else p for name, p in zip(scalars, param_list)])
-    shaped = [v.detach() if name in zero else v for name, v in zip(model.shaped, shaped)]
-    tensors = [*inputs, *states]
-    needs_grad = torch.is_grad_enabled() and (
-        any(t.requires_grad for t in (*tensors, *shaped)) or (param_vec is not None and param_vec.requires_grad))
-    if not needs_grad:
-        with torch.no_grad():
-            outs, _, seqs, finals, _ = _forward(kernels, list(inputs), states, param_vec, shaped, layout, False,
-                                                store_seqs)
+    if zero:
+        inputs = [x.detach() if name in zero else x for name, x in zip(model.inputs, inputs)]
+        scalars = [n for n in model.learnable if not model.parameters[n].shaped]
+        param_list = [p.detach() if name in zero else p for name, p in zip(scalars, param_list)]
+        shaped = [v.detach() if name in zero else v for name, v in zip(model.shaped, shaped)]
+    param_vec = _stack(param_list)
+    if not (torch.is_grad_enabled() and (_requires_grad(inputs) or _requires_grad(states) or _requires_grad(shaped)
+                                         or (param_vec is not None and param_vec.requires_grad))):
+        outs, _, seqs, finals, _ = _forward(plan, inputs, states, param_vec, shaped, layout, False, store_seqs)
         return outs, finals, seqs
-    results = _TritonSteps.apply(kernels, store_seqs, len(inputs), tuple(layout), len(shaped), param_vec, *shaped,
-                                 *tensors)
+    results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped)), param_vec, *shaped,
+                                 *inputs, *states)
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
-    finals = list(results[len(results) - n_st:])
-    return outs, finals, seqs
+    return outs, list(results[len(results) - n_st:]), seqs

@@ -155,15 +155,43 @@ def test_detach_allows_truncated_bptt():
 def test_bench_runs_on_cpu(tmp_path, capsys):
     from flexsn_dsl.cli import main
     out = tmp_path / "bench.json"
-    assert main(["bench", str(ROOT / "neurons" / "lif.yaml"), "-T", "3", "-n", "40", "--peers", "torch",
+    assert main(["bench", str(ROOT / "neurons" / "lif.yaml"), "-T", "3", "-n", "40", "--peers", "torch", "minimal",
                  "--json", str(out)]) == 0
     runs = json.loads(out.read_text())
     rows = runs[-1]["results"]
-    assert {(r["impl"], r["mode"]) for r in rows} == {(i, m) for i in ("flexsn-dsl", "torch loop")
+    assert {(r["impl"], r["mode"]) for r in rows} == {(i, m) for i in ("flexsn-dsl", "minimal Function", "torch loop")
                                                     for m in ("inference", "training")}
     inference = [r for r in rows if r["mode"] == "inference"]
     assert all(r["max_abs_diff"] == 0.0 and r["ms"] > 0 and r["floor_ms"] > 0 for r in inference)
     assert "flexsn-dsl" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec", ["lif", "izhikevich"])
+def test_bench_minimal_peer_computes_what_the_torch_backend_does(spec):
+    """The host-floor peer launches the same kernels with no checks: its outputs and input
+    gradients from reset states are the torch step's."""
+    from flexsn_dsl.bench import minimal_runner
+    ours = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="triton")
+    reference = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="torch")
+    torch.manual_seed(0)
+    xs = [(torch.rand(5, 3, 7) * 2).requires_grad_() for _ in ours.spec.inputs]
+    expected = reference(*xs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for got, want in zip(minimal_runner(ours, xs, "inference")(), expected):
+        torch.testing.assert_close(got, want.detach())
+    torch.manual_seed(1)
+    got = minimal_runner(ours, xs, "training")()  # draws its upstream gradients, then returns the input gradients
+    torch.manual_seed(1)
+    want = torch.autograd.grad(expected, xs, [torch.randn_like(y) for y in expected])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_bench_minimal_peer_refuses_kernels_that_take_more_than_inputs():
+    from flexsn_dsl.bench import minimal_runner
+    x = torch.rand(2, 4)
+    assert minimal_runner(flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton"), [x], "training") is None
+    assert minimal_runner(flexsn_dsl.loads(LEARNABLE_INIT, backend="triton"), [x], "inference") is None
 
 
 def test_bench_floor_counts_the_bytes_a_call_from_reset_states_must_move():

@@ -1,0 +1,84 @@
+"""Host time of one call on the CPU with the kernel launches stubbed out: flexsn-dsl's module
+against the host floor (``flexsn_dsl.bench.minimal_runner``: a bare autograd.Function launching
+the same kernels), so that what is measured is the Python and autograd work around a launch.
+
+CPU time of this thread per call (other processes on a shared machine do not count), the best
+of many batches; small tensors, so that the CPU allocator is cheap (the CUDA caching allocator
+is). Usage: python benchmarks/host_cpu.py [spec] [-T 4] [-n 1024] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+import flexsn_dsl  # noqa: E402
+from flexsn_dsl import triton_runtime  # noqa: E402
+from flexsn_dsl.bench import _runner, minimal_runner  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _NoLaunch:
+    """A kernel whose launch does nothing: ``kernel[grid](*args, **meta)``."""
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
+class _Stubbed:
+    """A kernel module whose kernels launch nothing."""
+
+    def __init__(self, real):
+        self.INFO = real.INFO
+
+    def __getattr__(self, name):
+        return _NoLaunch()
+
+
+def per_call_us(fn, batches: int, calls: int = 50) -> float:
+    for _ in range(calls):
+        fn()
+    best = float("inf")
+    for _ in range(batches):
+        start = time.thread_time_ns()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.thread_time_ns() - start) / calls / 1e3)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", nargs="?", default=str(ROOT / "neurons" / "lif.yaml"))
+    parser.add_argument("-T", type=int, default=4)
+    parser.add_argument("-n", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, each variant in turn (default 5)")
+    args = parser.parse_args()
+    m = flexsn_dsl.load(args.spec, backend="triton")
+    kernels = triton_runtime._kernels(m._compiled, "cpu")
+    kernels.module = _Stubbed(kernels.module)  # before any launch plan is built
+    x = torch.rand(args.T, args.n, requires_grad=True)
+    xs = [x] * len(m.spec.inputs)
+    runs = {f"{impl} {mode}": make(m, xs, mode) for mode in ("inference", "training")
+            for impl, make in (("flexsn-dsl", _runner), ("minimal", minimal_runner))}
+    best = {name: float("inf") for name in runs}
+    for _ in range(args.rounds):
+        for name, fn in runs.items():
+            best[name] = min(best[name], per_call_us(fn, batches=20))
+    print(f"{m.spec.name}, T={args.T}, n={args.n}, launches stubbed; host us per call (best of {args.rounds} rounds)")
+    for mode in ("inference", "training"):
+        ours, floor = best[f"flexsn-dsl {mode}"], best[f"minimal {mode}"]
+        print(f"{mode:10s} flexsn-dsl {ours:7.1f} us   minimal Function {floor:7.1f} us   ratio {ours / floor:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
