@@ -4,7 +4,10 @@ the same kernels), so that what is measured is the Python and autograd work arou
 
 CPU time of this thread per call (other processes on a shared machine do not count), the best
 of many batches; small tensors, so that the CPU allocator is cheap (the CUDA caching allocator
-is). Usage: python benchmarks/host_cpu.py [spec] [-T 4] [-n 1024] [--rounds 5]
+is). ``--layers L``: also a chain of L layers (each after ``x * 1.1``), ours against ReLU, eager
+and under ``torch.compile(fullgraph=True)``: the host time one layer adds either way.
+
+Usage: python benchmarks/host_cpu.py [spec] [-T 4] [-n 1024] [--rounds 5] [--layers 4]
 """
 from __future__ import annotations
 
@@ -56,15 +59,51 @@ def per_call_us(fn, batches: int, calls: int = 50) -> float:
     return best
 
 
+class Chain(torch.nn.Module):
+    """L layers, each after an elementwise op; the neurons reset at the start of a call."""
+
+    def __init__(self, layers: list[torch.nn.Module]):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            if isinstance(layer, flexsn_dsl.FlexSN):
+                layer.reset()
+        for layer in self.layers:
+            x = layer(x * 1.1)
+        return x
+
+
+def chain_rows(spec: str, x: torch.Tensor, layers: int, rounds: int) -> dict[str, float]:
+    """Host us per training call of a chain of ReLUs and of our neurons, eager and compiled."""
+    grad = torch.randn_like(x)
+    runs = {}
+    for kind in ("relu", "flexsn-dsl"):
+        net = Chain([flexsn_dsl.load(spec, backend="triton") if kind == "flexsn-dsl" else torch.nn.ReLU()
+                     for _ in range(layers)])
+        compiled = torch.compile(net, fullgraph=True)
+        runs[f"{kind} eager"] = lambda net=net: torch.autograd.grad(net(x), [x], grad)
+        runs[f"{kind} compiled"] = lambda net=compiled: torch.autograd.grad(net(x), [x], grad)
+    best = {name: float("inf") for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            best[name] = min(best[name], per_call_us(fn, batches=10, calls=20))
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("spec", nargs="?", default=str(ROOT / "neurons" / "lif.yaml"))
     parser.add_argument("-T", type=int, default=4)
     parser.add_argument("-n", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5, help="rounds, each variant in turn (default 5)")
+    parser.add_argument("--layers", type=int, default=0, help="also time a chain of this many layers, eager and "
+                        "compiled (default: no chain)")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # the compiled chain's elementwise kernels: no OpenMP threads on a shared machine
     m = flexsn_dsl.load(args.spec, backend="triton")
-    kernels = triton_runtime._kernels(m._compiled, "cpu")
+    kernels = triton_runtime._kernels(m._compiled, "cpu")  # shared by every module of this spec
     kernels.module = _Stubbed(kernels.module)  # before any launch plan is built
     x = torch.rand(args.T, args.n, requires_grad=True)
     xs = [x] * len(m.spec.inputs)
@@ -78,6 +117,13 @@ def main() -> None:
     for mode in ("inference", "training"):
         ours, floor = best[f"flexsn-dsl {mode}"], best[f"minimal {mode}"]
         print(f"{mode:10s} flexsn-dsl {ours:7.1f} us   minimal Function {floor:7.1f} us   ratio {ours / floor:5.2f}x")
+    if args.layers:
+        chain = chain_rows(args.spec, x, args.layers, args.rounds)
+        print(f"chain of {args.layers} layers, training call, host us: " +
+              ", ".join(f"{name} {us:.1f}" for name, us in chain.items()))
+        for column in ("eager", "compiled"):
+            added = (chain[f"flexsn-dsl {column}"] - chain[f"relu {column}"]) / args.layers
+            print(f"one layer of ours adds {added:7.1f} us over ReLU ({column})")
 
 
 if __name__ == "__main__":

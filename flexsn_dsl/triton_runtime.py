@@ -408,10 +408,16 @@ def _fused_forward_fake(key, store_seqs, xs, inits, params, shaped, layout):
             [x.new_empty(x.shape[1:]) for _ in info.state_names])
 
 
-@torch.library.custom_op("flexsn_dsl::fused_backward", mutates_args=())
-def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None], saved: list[torch.Tensor],
-                   xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None,
-                   shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
+# The backward is a plain operator (no autograd of its own): the dispatcher calls it with one Python step
+# fewer than a torch.library.custom_op (measured: 8 against 14 us per call on the CPU).
+_LIBRARY = torch.library.Library("flexsn_dsl", "FRAGMENT")
+_LIBRARY.define("fused_backward(str key, bool store_seqs, Tensor?[] grads, Tensor[] saved, Tensor[] xs, Tensor[] outs, "
+                "Tensor? params, Tensor[] shaped, SymInt[] layout, bool init_grads) -> Tensor[]")
+
+
+def _fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None], saved: list[torch.Tensor],
+                    xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None,
+                    shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
     """Gradients of inputs, initial states (when ``init_grads``), the scalar parameters (an empty
     tensor when none), then each learnable shaped parameter, from the upstream gradients (None
     where there are none)."""
@@ -422,7 +428,6 @@ def fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None],
             *[g for g in grad_shaped if g is not None]]
 
 
-@fused_backward.register_fake
 def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, shaped, layout, init_grads):
     info = _REGISTRY[key].info
     x = xs[0]
@@ -430,6 +435,12 @@ def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, shaped
             ([x.new_empty(x.shape[1:]) for _ in info.state_names] if init_grads else []) +
             [params.new_empty(params.shape) if params is not None else x.new_empty(0)] +
             [v.new_empty(v.shape) for v, name in zip(shaped, info.shaped_names) if name in info.param_names])
+
+
+for _device in ("CPU", "CUDA"):
+    _LIBRARY.impl("fused_backward", _fused_backward, _device)
+torch.library.register_fake("flexsn_dsl::fused_backward", _fused_backward_fake, lib=_LIBRARY)
+fused_backward = torch.ops.flexsn_dsl.fused_backward.default
 
 
 def _setup_context(ctx, inputs, output):
