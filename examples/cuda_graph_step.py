@@ -64,8 +64,8 @@ class ConvSNN(nn.Module):
 
 def batches(n: int, batch: int, size: int, device: torch.device, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, size, size, generator=g).to(device),
-             torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(n)]
+    return [(torch.randn(batch, 3, size, size, generator=g, device="cpu").to(device),
+             torch.randint(0, 10, (batch,), generator=g, device="cpu").to(device)) for _ in range(n)]
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images, labels) -> torch.Tensor:
