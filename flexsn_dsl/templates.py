@@ -12,7 +12,7 @@ Variants:
   forward_final_state    training: outputs, saved values, final states
   backward               time reversed: gradients of inputs, initial states and parameters
   recurrent_forward      specs with `recurrent`: a program owns rows of the batch and all N
-  recurrent_backward     features, with the weight on chip and ``tl.dot`` in the time loop
+  recurrent_backward     features; ``tl.dot`` with the weight (from L2, in chunks) in the time loop
 
 Flags (constexpr, so each setting compiles to its own kernel without dead branches):
 ``_CONST_INIT`` starts the states from the spec's constant initial values instead of
@@ -262,35 +262,47 @@ def _recurrent_parts(info: FlexSNInfo) -> tuple[str, str, list[str]]:
     return r, info.output_vars[index], [n for n in info.input_names if n != r]
 
 
-def _recurrent_head(weight_index: str, comment: str) -> list[str]:
-    """A program owns _BLOCK_B rows of the batch and all _N features (padded to _NP); the weight
-    tile is loaded once and stays on chip for the _T steps."""
+def _recurrent_head() -> list[str]:
+    """A program owns _BLOCK_B rows of the batch and all _N features (padded to _NP)."""
     return [f"{I1}_rows = tl.program_id(0) * _BLOCK_B + tl.arange(0, _BLOCK_B)",
             f"{I1}_cols = tl.arange(0, _NP)",
-            f"{I1}_mask = (_rows[:, None] < _B) & (_cols[None, :] < _N)",
-            f"{I1}_offs = tl.cast(_rows[:, None], tl.int64) * _N + _cols[None, :]",
-            f"{I1}_step = tl.cast(_B, tl.int64) * _N",
-            f"{I1}_w = tl.load(_weight + {weight_index}, mask=(_cols[:, None] < _N) & (_cols[None, :] < _N), "
-            f"other=0.0).to(_DOT_DTYPE)  # {comment}"]
+            f"{I1}_row_ok = _rows[:, None] < _B",
+            f"{I1}_col_ok = _cols[None, :] < _N",
+            f"{I1}_mask = _row_ok & _col_ok",
+            f"{I1}_row = tl.cast(_rows[:, None], tl.int64) * _N  # each row's first feature",
+            f"{I1}_offs = _row + _cols[None, :]",
+            f"{I1}_step = tl.cast(_B, tl.int64) * _N"]
 
 
-def _dot(a: str) -> str:
-    return f"tl.dot({a}.to(_DOT_DTYPE), _w, input_precision=\"ieee\", out_dtype=_DTYPE)"
+def _matvec(target: str, rows: str, w_index: str, indent: str) -> list[str]:
+    """``target = A @ M`` in chunks of _BLOCK_K along the sum: A's rows read back from memory at
+    ``rows`` (each row's first feature, just written by this program), M's chunk from the weight
+    at ``w_index`` (of ``_kk``, the chunk, and ``_cols``). The weight stays in L2 and only a
+    [_BLOCK_K, _NP] slice of it is held at a time: any N up to 512 fits in shared memory."""
+    return [f"{indent}{target} = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)",
+            f"{indent}for _k in range(0, _NP, _BLOCK_K):",
+            f"{indent}{I1}_kk = _k + tl.arange(0, _BLOCK_K)",
+            f"{indent}{I1}_a = tl.load({rows} + _kk[None, :], mask=_row_ok & (_kk[None, :] < _N), other=0.0)",
+            f"{indent}{I1}_wk = tl.load(_weight + {w_index}, mask=(_kk[:, None] < _N) & _col_ok, other=0.0)",
+            f"{indent}{I1}{target} += tl.dot(_a.to(_DOT_DTYPE), _wk.to(_DOT_DTYPE), input_precision=\"ieee\", "
+            "out_dtype=_DTYPE)"]
 
 
 def _recurrent_signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
     lines = ["@triton.jit", f"def {identifier(kernel_name(info.neuron, name))}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
-    lines += [f"{I1}_T, _B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _DTYPE: tl.constexpr, "
-              f"_DOT_DTYPE: tl.constexpr{flags},", "):"]
+    lines += [f"{I1}_T, _B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _BLOCK_K: tl.constexpr, "
+              f"_DTYPE: tl.constexpr, _DOT_DTYPE: tl.constexpr{flags},", "):"]
     return lines
 
 
 def _recurrent_forward_kernel(cores: Cores) -> str:
     """The forward of a recurrent spec (inference with ``_TRAIN`` off): each step computes
-    ``r = prev @ W.T`` with ``tl.dot``, runs the forward core, and feeds the output back."""
+    ``r = prev @ W.T`` with ``tl.dot`` (``prev``: the output fed back, as the last step stored
+    it), runs the forward core, and stores the outputs."""
     info = cores.info
     r, fed, inputs = _recurrent_parts(info)
+    fed_output = info.output_names[info.recurrent[0][2]]
     written = [f"{n}__out" for n in info.output_names]
     kept = [f"{n}__saved" for n in info.saved_names] + [f"{r}__in"]
     call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names)
@@ -302,8 +314,7 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
         _param_args(info),
     ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""))
     lines += [f'{I1}"""Recurrent forward of {info.neuron} over _T steps for _BLOCK_B rows of the batch."""']
-    lines += _recurrent_head("_cols[None, :] * _N + _cols[:, None]", "_w[j, i] = W[i, j]")
-    lines += _params_load(info)
+    lines += _recurrent_head() + _params_load(info)
     loads = [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
     if info.initial_values:
         lines += _if("_CONST_INIT", [f"{I1}{n} = tl.full([_BLOCK_B, _NP], {float_literal(v)}, _DTYPE)"
@@ -313,9 +324,11 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     lines += [f"{I1}_prev = {_load(f'{r}__init + _offs')}"]
     walking = [f"{n}__in" for n in inputs] + written + kept
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
+    lines += [f"{I1}_fed_rows = {r}__init + _row  # the value fed back to step 0, then the output {fed_output}",
+              f"{I1}_fed_next = {fed_output}__out + _row"]
     lines += [f"{I1}for _t in range(0, _T):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in inputs]
-    lines += [f"{I2}{r} = {_dot('_prev')}"]
+    lines += _matvec(r, "_fed_rows", "_cols[None, :] * _N + _kk[:, None]", I2)  # M[k, i] = W[i, k]
     lines += [f"{I2}{', '.join(info.fwd_core_recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}_prev = {fed}"]
@@ -325,6 +338,8 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     if ("input", info.input_names.index(r)) in info.c2k_return_mapping:  # the backward reads r
         lines += [f"{I2}{I1}{_store(f'{r}__in_ptr', r)}"]
     lines += [f"{I2}{p}_ptr += _step" for p in walking]
+    lines += [f"{I2}_fed_rows = _fed_next", f"{I2}_fed_next += _step",
+              f"{I2}tl.debug_barrier()  # the next step reads back what this step stored, across threads"]
     lines += [f"{I1}{_store(f'{n}__final + _offs', n)}" for n in info.state_names]
     lines += [f"{I1}{_store(f'{r}__final + _offs', '_prev')}"]
     return "\n".join(lines) + "\n"
@@ -333,7 +348,7 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
 def _recurrent_backward_kernel(cores: Cores) -> str:
     """The reverse recursion of a recurrent spec in one kernel: the gradient reaching the value fed
     back at step t is ``g_{t+1} @ W`` (``g``: the gradient of the recurrent input, written for the
-    weight gradient, which the runtime takes from one matrix product)."""
+    weight gradient, which the runtime takes from one matrix product, and read back for this one)."""
     info = cores.info
     r, _, _ = _recurrent_parts(info)
     fed_output = info.output_names[info.recurrent[0][2]]
@@ -349,8 +364,7 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
          "partial parameter gradients: scalars [blocks, P]; shaped [B, N] (summed over the steps)"),
     ], ", _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
     lines += [f'{I1}"""Recurrent backward of {info.neuron}: time runs in reverse through the steps and W."""']
-    lines += _recurrent_head("_cols[:, None] * _N + _cols[None, :]", "_w[i, j] = W[i, j]")
-    lines += _params_load(info)
+    lines += _recurrent_head() + _params_load(info)
     finals = [f"{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
     zeros = [f"{n}__grad_acc = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)" for n in info.state_names]
     lines += _if("_HAS_FINAL_GRADS", [I1 + x for x in finals + [f"_fb = {_load(f'{r}__grad_final + _offs')}"]],
@@ -358,13 +372,16 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     lines += [f"{I1}{n}__grad_sum = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)" for n in info.param_names]
     lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _step"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking]
+    lines += [f"{I1}_g_rows = {r}__grad_in + _last + _row"]
     lines += [f"{I1}for _t in range(0, _T):"]
     lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
     lines += [f"{I2}{fed_output}__grad_out_t += _fb"]
     lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
     lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
-    lines += [f"{I2}_fb = {_dot(f'{r}__grad_in_t')}"]
+    lines += [f"{I2}tl.debug_barrier()  # {r}__grad_in of this step is read back across threads"]
+    lines += _matvec("_fb", "_g_rows", "_kk[:, None] * _N + _cols[None, :]", I2)  # M[i, j] = W[i, j]
+    lines += [f"{I2}_g_rows -= _step"]
     lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
     lines += [f"{I2}{p}_ptr -= _step" for p in walking]

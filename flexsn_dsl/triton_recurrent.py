@@ -1,9 +1,12 @@
 """Launching the fused recurrent kernels of a spec with ``recurrent`` (the Triton backend).
 
 A program owns ``BLOCK_B`` rows of the batch and all N features (padded to a power of two,
-at least 16, for ``tl.dot``), keeps the weight on chip over the T steps and computes
-``r_t = s_{t-1} @ W.T`` each step; the backward runs the reverse recursion the same way
-with W. The weight gradient Σ_t g_tᵀ s_{t-1} is one matrix product over the saved values.
+at least 16, for ``tl.dot``) and computes ``r_t = s_{t-1} @ W.T`` each step with ``tl.dot``,
+reading ``s_{t-1}`` back from the output it stored and the weight from L2 (on chip: the
+weight of a layer is at most 1 MB, read by every program each step) in slices of
+[_BLOCK_K, N], so that the shared memory of one program stays small for any N up to 512.
+The backward runs the reverse recursion the same way with W. The weight gradient
+Σ_t g_tᵀ s_{t-1} is one matrix product over the saved values.
 """
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ from .names import kernel_name
 from .triton_runtime import (_REGISTRY, Kernels, _compute_dtype, _kernels_for, _param_args, _stack,
                              _torch_compute_dtype, interpreting, kernel_params)
 
-BLOCK_B = 16  # rows of the batch per program (tl.dot needs at least 16)
-MAX_N = 512   # features one program holds (the weight tile stays on chip)
+BLOCK_B = 16      # rows of the batch per program (tl.dot needs at least 16)
+MAX_N = 512       # features one program holds
+W_SLICE = 8192    # weight elements a program holds at a time: [_BLOCK_K, N] (the weight stays in L2)
 
 
 def unsupported(compiled: Compiled, n: int | None = None) -> str | None:
@@ -30,8 +34,8 @@ def unsupported(compiled: Compiled, n: int | None = None) -> str | None:
         return (f"the Triton backend feeds back outputs only: recurrent input {rec.name!r} comes from "
                 f"{rec.source!r}; list {rec.source!r} in `outputs`")
     if n is not None and n > MAX_N:
-        return (f"the Triton backend's recurrent kernel holds at most N = {MAX_N} neurons per layer (the weight "
-                f"stays on chip), got N = {n}: use layers of at most {MAX_N} neurons")
+        return (f"the Triton backend's recurrent kernel holds at most N = {MAX_N} neurons per layer (a program "
+                f"holds all N features of its rows), got N = {n}: use layers of at most {MAX_N} neurons")
     return None
 
 
@@ -86,8 +90,12 @@ def _kept_r_shape(info, T: int, B: int, N: int) -> tuple[int, ...]:
 
 
 def _meta(x: torch.Tensor, T: int, B: int, N: int) -> dict:
-    return dict(_T=T, _B=B, _N=N, _BLOCK_B=BLOCK_B, _NP=_padded(N), _DTYPE=_compute_dtype(x.dtype),
-                _DOT_DTYPE=_dot_dtype(x.dtype))
+    """The launch's sizes and constexprs; 8 warps from N = 256 (ptxas for sm_90a: a quarter of the
+    register spills of 4 warps at N = 512 in float32)."""
+    padded = _padded(N)
+    warps = {} if interpreting() else {"num_warps": 8 if padded >= 256 else 4}
+    return dict(_T=T, _B=B, _N=N, _BLOCK_B=BLOCK_B, _NP=padded, _BLOCK_K=min(padded, max(16, W_SLICE // padded)),
+                _DTYPE=_compute_dtype(x.dtype), _DOT_DTYPE=_dot_dtype(x.dtype), **warps)
 
 
 def _learnable_shaped(info) -> list[int]:

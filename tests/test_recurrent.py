@@ -78,9 +78,16 @@ def _rlif(n: int, backend: str = "torch", **kwargs):
     return flexsn_dsl.loads(RLIF, sizes={"N": n}, backend=backend, **kwargs).to(DTYPE)
 
 
-@pytest.mark.parametrize("backend,shape", [("torch", (3, 7)), ("torch", (1, 2, 5)), ("torch", (4, 16)),
-                                           ("triton", (3, 7)), ("triton", (2, 10, 5)), ("triton", (1, 17))], ids=str)
-def test_rlif_two_calls_match_hand_loop(backend, shape):
+@pytest.mark.parametrize("backend,shape,w_slice", [
+    ("torch", (3, 7), None), ("torch", (1, 2, 5), None), ("torch", (4, 16), None),
+    ("triton", (3, 7), None), ("triton", (2, 10, 5), None), ("triton", (1, 17), None),
+    ("triton", (3, 29), 256),  # the weight read in two slices of 16 rows (N padded to 32)
+    ("triton", (2, 45), 256),  # four slices (N padded to 64)
+], ids=str)
+def test_rlif_two_calls_match_hand_loop(backend, shape, w_slice, monkeypatch):
+    if w_slice is not None:
+        from flexsn_dsl import triton_recurrent
+        monkeypatch.setattr(triton_recurrent, "W_SLICE", w_slice)
     torch.manual_seed(0)
     n = shape[-1]
     m = _rlif(n, backend)
