@@ -11,6 +11,15 @@ from .errors import MissingDependency, PluginError, ShapeError, SourcePos, SpecE
 from .hookspecs import hookimpl, hookspec
 from .codegen_triton import FlexSNInfo
 
+
+def __getattr__(name: str):
+    # from_nir/to_nir live in flexsn_dsl.nir, imported on first use: `import flexsn_dsl` does not import nir
+    if name in ("from_nir", "to_nir"):
+        from . import nir as _nir_module
+        return getattr(_nir_module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PluginError", "ShapeError", "Simulation", "SourcePos",
            "SpecError", "hookimpl", "hookspec", "load", "loads", "simulate", "__version__"]
 

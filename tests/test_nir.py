@@ -1,0 +1,318 @@
+"""NIR import and export (flexsn_dsl.nir) against NIR's equations.
+
+Graphs are built with the ``nir`` package (not by our exporter) and run by ``from_nir``; the
+reference is a float64 torch simulation of the node equations written here (Euler steps, and
+the closed-form solutions with the input held over a step). Spikes must be identical.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+nir = pytest.importorskip("nir")
+
+import flexsn_dsl  # noqa: E402
+from flexsn_dsl.nir import NIRError, from_nir  # noqa: E402
+
+DTYPE = torch.float64
+BACKENDS = ["torch", "triton"]
+
+
+def _rand(*shape, seed=0, scale=1.0):
+    """Random numbers drawn on the CPU (the same values on any machine), on the default device."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(*shape, generator=g, dtype=DTYPE) * scale).to(torch.get_default_device())
+
+
+def _np(*shape, seed=0, low=0.0, high=1.0):
+    return np.random.default_rng(seed).uniform(low, high, size=shape)
+
+
+# -- the reference: NIR's node equations, stepped by hand ----------------------------------
+
+def _t(a, like):
+    return torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=DTYPE, device=like.device)
+
+
+def _leaky(v, drive, tau, dt, method):
+    """One step of tau dv/dt = drive - v with the drive held."""
+    if method == "euler":
+        return v + dt / tau * (drive - v)
+    return drive + (v - drive) * torch.exp(-dt / tau)
+
+
+def simulate(node, x, dt, method):
+    """NIR's equations for one neuron node over x [T, B, ...]: (outputs, v trace)."""
+    kind = type(node).__name__
+    p = {k: _t(getattr(node, k), x) for k in ("tau", "r", "v_leak", "v_threshold", "v_reset", "tau_syn",
+                                               "tau_mem", "w_in") if hasattr(node, k)}
+    v = torch.zeros_like(x[0]) + (p["v_leak"] if "v_leak" in p else 0.0)
+    i = torch.zeros_like(x[0])
+    outs, vs = [], []
+    for xt in x:
+        if kind in ("LIF", "LI"):
+            v = _leaky(v, p["v_leak"] + p["r"] * xt, p["tau"], dt, method)
+        elif kind in ("IF", "I"):
+            v = v + dt * p["r"] * xt
+        else:  # CubaLIF, CubaLI: tau_syn di/dt = -i + w_in x; tau_mem dv/dt = v_leak - v + r i
+            inf = p["w_in"] * xt
+            ts, tm, r = p["tau_syn"], p["tau_mem"], p["r"]
+            if method == "euler":
+                v, i = v + dt / tm * (p["v_leak"] - v + r * i), i + dt / ts * (inf - i)
+            else:
+                k = r * (i - inf) * ts / (ts - tm)
+                base = p["v_leak"] + r * inf
+                v = base + (v - base - k) * torch.exp(-dt / tm) + k * torch.exp(-dt / ts)
+                i = inf + (i - inf) * torch.exp(-dt / ts)
+        if "v_threshold" in p:
+            s = (v > p["v_threshold"]).to(DTYPE)
+            vs.append(v)
+            v = torch.where(s > 0, p["v_reset"] + 0 * v, v)
+            outs.append(s)
+        else:
+            vs.append(v)
+            outs.append(v)
+    return torch.stack(outs), torch.stack(vs)
+
+
+def _run(graph, x, dt, method="exact", backend="torch"):
+    net = from_nir(graph, dt=dt, method=method, backend=backend).to(DTYPE)
+    return net, net(x)
+
+
+N = 5
+
+
+def _lif(per_neuron=False, v_reset=None):
+    def arr(value, spread):
+        return value + (_np(N, seed=int(value * 100) + 3, high=spread) if per_neuron else np.zeros(N))
+    kwargs = {} if v_reset is None else {"v_reset": np.full(N, v_reset)}
+    return nir.LIF(tau=arr(0.02, 0.02), r=arr(1.5, 1.0), v_leak=arr(0.1, 0.2), v_threshold=arr(0.8, 0.4), **kwargs)
+
+
+def _nodes(per_neuron=False):
+    """One node of each neuron kind, N neurons (per-neuron arrays or uniform ones)."""
+    def arr(value, spread, seed):
+        return value + (_np(N, seed=seed, high=spread) if per_neuron else np.zeros(N))
+    return {
+        "LIF": _lif(per_neuron),
+        "CubaLIF": nir.CubaLIF(tau_syn=arr(0.005, 0.004, 1), tau_mem=arr(0.02, 0.01, 2), r=arr(2.0, 1.0, 3),
+                               v_leak=arr(0.0, 0.2, 4), v_threshold=arr(0.5, 0.5, 5), w_in=arr(1.0, 0.5, 6)),
+        "IF": nir.IF(r=arr(30.0, 20.0, 7), v_threshold=arr(1.0, 0.5, 8), v_reset=arr(-0.1, 0.1, 9)),
+        "LI": nir.LI(tau=arr(0.01, 0.01, 10), r=arr(1.0, 1.0, 11), v_leak=arr(0.2, 0.3, 12)),
+        "CubaLI": nir.CubaLI(tau_syn=arr(0.004, 0.002, 13), tau_mem=arr(0.01, 0.01, 14), r=arr(1.0, 1.0, 15),
+                             v_leak=arr(0.0, 0.1, 16), w_in=arr(2.0, 1.0, 17)),
+        "I": nir.I(r=arr(10.0, 5.0, 18)),
+    }
+
+
+def _check_node(node, method, backend="torch", T=40, dt=1e-3):
+    x = _rand(T, 3, N, seed=1, scale=1.5)
+    graph = nir.NIRGraph.from_list(node)
+    _, out = _run(graph, x, dt, method, backend)
+    want, v = simulate(node, x, dt, method)
+    if hasattr(node, "v_threshold"):
+        assert want.sum() > 0 and (want == 0).sum() > 0  # the inputs make some neurons spike, not all
+        assert torch.equal(out, want)
+    else:
+        torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["exact", "euler"])
+@pytest.mark.parametrize("kind", ["LIF", "CubaLIF", "IF", "LI", "CubaLI", "I"])
+def test_each_neuron_node_follows_nir_equations(kind, method):
+    _check_node(_nodes()[kind], method)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lif_on_both_backends(backend):
+    _check_node(_nodes()["LIF"], "exact", backend, T=8, dt=5e-3)
+
+
+@pytest.mark.parametrize("v_reset", [None, -0.3])
+def test_v_reset_absent_means_zero(v_reset):
+    node = _lif(v_reset=v_reset)
+    assert np.all(node.v_reset == (0.0 if v_reset is None else v_reset))  # as the nir package fills it in
+    x = _rand(60, 2, N, seed=4, scale=2.0)
+    _, out = _run(nir.NIRGraph.from_list(node), x, 1e-3, "euler")
+    want, v = simulate(node, x, 1e-3, "euler")
+    assert torch.equal(out, want)
+    # after a spike the membrane restarts from v_reset: the step after a spike shows it
+    net = from_nir(nir.NIRGraph.from_list(node), dt=1e-3, method="euler", backend="torch").to(DTYPE)
+    lif = net.node("lif")
+    lif.store_state_seqs = True
+    net(x)
+    spiked = want[:-1] > 0
+    expected = _leaky(torch.full_like(x[1:][spiked], 0.0) + (v_reset or 0.0),
+                      _t(node.v_leak, x).expand_as(x[1:])[spiked] + _t(node.r, x).expand_as(x[1:])[spiked]
+                      * x[1:][spiked], _t(node.tau, x).expand_as(x[1:])[spiked], 1e-3, "euler")
+    torch.testing.assert_close(lif.state_seqs["v"][1:][spiked], expected)
+
+
+def test_affine_with_bias_then_lif():
+    w, b = _np(N, 3, seed=5, low=-1, high=1), _np(N, seed=6, low=0, high=0.5)
+    lif = _lif()
+    graph = nir.NIRGraph.from_list(nir.Affine(weight=w, bias=b), lif)
+    x = _rand(30, 4, 3, seed=7, scale=2.0)
+    _, out = _run(graph, x, 1e-3)
+    want, _ = simulate(lif, x @ _t(w, x).T + _t(b, x), 1e-3, "exact")
+    assert want.sum() > 0
+    assert torch.equal(out, want)
+
+
+def test_conv2d_graph():
+    """Conv2d (stride, padding) -> per-pixel LIF -> SumPool2d -> Flatten -> Linear -> CubaLIF."""
+    C, H, W = 2, 6, 6
+    conv_w, conv_b = _np(3, C, 3, 3, seed=8, low=-0.5, high=1.0), _np(3, seed=9, low=0, high=0.2)
+    shape = (3, 6, 6)
+    lif = nir.LIF(tau=np.full(shape, 0.01), r=np.full(shape, 1.0), v_leak=np.zeros(shape),
+                  v_threshold=np.full(shape, 0.7))
+    pool = nir.SumPool2d(kernel_size=np.array([2, 2]), stride=np.array([2, 2]), padding=np.array([0, 0]))
+    lin_w = _np(4, 27, seed=11, low=-0.5, high=1.0)
+    cuba = nir.CubaLIF(tau_syn=np.full(4, 0.005), tau_mem=np.full(4, 0.01), r=np.full(4, 1.0),
+                       v_leak=np.zeros(4), v_threshold=np.full(4, 0.3))
+    graph = nir.NIRGraph(nodes={
+        "in": nir.Input(input_type=np.array([C, H, W])),
+        "conv": nir.Conv2d(input_shape=(H, W), weight=conv_w, stride=1, padding=1, dilation=1, groups=1,
+                           bias=conv_b),
+        "lif": lif, "pool": pool, "flat": nir.Flatten(input_type=np.array([3, 3, 3]), start_dim=0),
+        "lin": nir.Linear(weight=lin_w), "cuba": cuba, "out": nir.Output(output_type=np.array([4])),
+    }, edges=[("in", "conv"), ("conv", "lif"), ("lif", "pool"), ("pool", "flat"), ("flat", "lin"), ("lin", "cuba"),
+              ("cuba", "out")])
+    T, B = 12, 2
+    x = _rand(T, B, C, H, W, seed=12, scale=1.0)
+    _, out = _run(graph, x, 1e-3, "exact")
+    y = torch.nn.functional.conv2d(x.flatten(0, 1), _t(conv_w, x), _t(conv_b, x), padding=1).unflatten(0, (T, B))
+    s1, _ = simulate(lif, y, 1e-3, "exact")
+    pooled = s1.reshape(T, B, 3, 3, 2, 3, 2).sum(dim=(4, 6))
+    want, _ = simulate(cuba, pooled.flatten(2) @ _t(lin_w, x).T, 1e-3, "exact")
+    assert s1.sum() > 0 and want.sum() > 0
+    assert torch.equal(out, want)
+
+
+def test_recurrent_graph_runs_step_by_step():
+    """snnTorch's RLeaky pattern: lif -> w_rec -> lif; the recurrent edge carries the last step's spikes."""
+    lif = _lif()
+    w_rec = _np(N, N, seed=13, low=-0.5, high=0.5)
+    graph = nir.NIRGraph(nodes={"input": nir.Input(input_type=np.array([N])), "lif": lif,
+                                "w_rec": nir.Linear(weight=w_rec), "output": nir.Output(output_type=np.array([N]))},
+                         edges=[("input", "lif"), ("lif", "w_rec"), ("w_rec", "lif"), ("lif", "output")])
+    x = _rand(25, 2, N, seed=14, scale=2.0)
+    net, out = _run(graph, x, 1e-3, "euler")
+    # the reference: one LIF step at a time, fed x_t + W s_{t-1}
+    spikes = []
+    p = {k: _t(getattr(lif, k), x) for k in ("tau", "r", "v_leak", "v_threshold", "v_reset")}
+    v, s = p["v_leak"] + torch.zeros_like(x[0]), torch.zeros_like(x[0])
+    for t in range(x.shape[0]):
+        v = _leaky(v, p["v_leak"] + p["r"] * (x[t] + s @ _t(w_rec, x).T), p["tau"], 1e-3, "euler")
+        s = (v > p["v_threshold"]).to(DTYPE)
+        v = torch.where(s > 0, p["v_reset"] + 0 * v, v)
+        spikes.append(s)
+    want = torch.stack(spikes)
+    assert want.sum() > 0
+    assert torch.equal(out, want)
+    net.reset()
+    assert torch.equal(net(x), want)  # reset() forgets the neurons' states and the recurrent edge
+
+
+def test_delay_scale_threshold():
+    d = np.array([0.0, 1e-3, 2e-3, 3e-3, 1e-3])
+    graph = nir.NIRGraph.from_list(nir.Scale(scale=np.arange(1.0, N + 1)), nir.Delay(delay=d),
+                                   nir.Threshold(threshold=np.full(N, 2.5)))
+    x = _rand(7, 2, N, seed=15, scale=2.0)
+    net, out = _run(graph, x, 1e-3)
+    scaled = x * torch.arange(1.0, N + 1, dtype=DTYPE, device=x.device)
+    delayed = torch.stack([torch.cat([torch.zeros_like(scaled[:k, :, j]), scaled[:len(x) - k, :, j]])
+                           for j, k in enumerate([0, 1, 2, 3, 1])], dim=-1)
+    assert torch.equal(out, (delayed > 2.5).to(DTYPE))
+    # the next call continues the delay line
+    out2 = net(x)
+    assert torch.equal(out2[0, :, 3], (scaled[-3, :, 3] > 2.5).to(DTYPE))
+
+
+def test_file_round_trip(tmp_path):
+    node = _lif()
+    path = tmp_path / "lif.nir"
+    nir.write(path, nir.NIRGraph.from_list(nir.Affine(weight=_np(N, 3, seed=16), bias=_np(N, seed=17)), node))
+    x = _rand(20, 2, 3, seed=18, scale=2.0)
+    a = from_nir(path, dt=1e-3).to(DTYPE)(x)
+    b = from_nir(nir.read(path), dt=1e-3).to(DTYPE)(x)
+    assert a.sum() > 0 and torch.equal(a, b)
+
+
+def test_errors_name_the_node():
+    class Odd:  # a node kind from_nir does not know
+        pass
+    graph = nir.NIRGraph.from_list(_lif())
+    graph.nodes["weird node"] = Odd()
+    with pytest.raises(NIRError, match="'weird node' is a Odd"):
+        from_nir(graph, dt=1e-3)
+    with pytest.raises(NIRError, match="whole multiples of dt"):
+        from_nir(nir.NIRGraph.from_list(nir.Delay(delay=np.array([1.5e-3]))), dt=1e-3)
+    with pytest.raises(ValueError, match="method must be one of"):
+        from_nir(nir.NIRGraph.from_list(_lif()), dt=1e-3, method="midpoint")
+    with pytest.raises(ValueError, match="dt must be a positive number"):
+        from_nir(nir.NIRGraph.from_list(_lif()), dt=0.0)
+
+
+def test_node_names_never_reach_code():
+    """A hostile node name is a dictionary key only: the modules live under fixed keys."""
+    name = "x'); import os; os.system('echo pwned') #\n"
+    graph = nir.NIRGraph(nodes={"input": nir.Input(input_type=np.array([N])), name: _lif(),
+                                "output": nir.Output(output_type=np.array([N]))},
+                         edges=[("input", name), (name, "output")])
+    net = from_nir(graph, dt=1e-3)
+    assert list(net.nodes) == ["node1"] and net.names[name] == "node1"
+    assert "pwned" not in net.node(name).spec.text
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # snnTorch calls nirtorch's deprecated extract_nir_graph
+def test_a_graph_exported_by_snntorch():
+    """snnTorch exports Leaky (v <- beta v + x) as an LIF with dt = 1e-4, tau = dt / (1 - beta), r = tau / dt:
+    an Euler step of that LIF at dt = 1e-4 is snnTorch's step. Imported with method="euler" the graph runs as
+    its nodes say; it agrees with snnTorch itself until a neuron first spikes (snnTorch then subtracts the
+    threshold, one step late, where the LIF node resets to v_reset)."""
+    snn = pytest.importorskip("snntorch")
+    from snntorch.export_nir import export_to_nir
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        net = torch.nn.Sequential(torch.nn.Linear(3, N), snn.Leaky(beta=torch.full((N,), 0.9),
+                                                                   threshold=torch.ones(N), init_hidden=True,
+                                                                   output=True))
+        graph = export_to_nir(net, torch.randn(1, 3), ignore_dims=[0])
+        x = torch.rand(30, 2, 3, generator=torch.Generator().manual_seed(19)) * 0.6
+        net[1].reset_hidden()
+        theirs_v, theirs_s = [], []
+        with torch.no_grad():
+            for xt in x:
+                s, v = net(xt)
+                theirs_s.append(s)
+                theirs_v.append(v.clone())
+    theirs_s, theirs_v = torch.stack(theirs_s), torch.stack(theirs_v)
+    ours = from_nir(graph, dt=1e-4, method="euler", backend="torch").to(DTYPE)
+    lif = ours.node("1")
+    lif.store_state_seqs = True
+    x = x.to(DTYPE).to(torch.get_default_device())
+    out = ours(x)
+    affine, node = graph.nodes["0"], graph.nodes["1"]
+    want, v = simulate(node, x @ _t(affine.weight, x).T + _t(affine.bias, x), 1e-4, "euler")
+    assert torch.equal(out, want)  # the node's equations
+    first = (want.cumsum(0) == 0) | ((want.cumsum(0) == 1) & (want == 1))  # up to and including the first spike
+    assert want.sum() > 0 and (~first).sum() > 0
+    assert torch.equal(out[first].cpu(), theirs_s.to(DTYPE)[first.cpu()])
+    before = (want.cumsum(0) == 0).cpu()  # the membrane before the first spike (then ours is reset, theirs not yet)
+    torch.testing.assert_close(lif.state_seqs["v"].cpu()[before], theirs_v.to(DTYPE)[before], rtol=1e-4, atol=1e-5)
+
+
+def test_nir_is_imported_only_when_used(monkeypatch):
+    import subprocess
+    import sys
+    code = "import sys, flexsn_dsl; assert 'nir' not in sys.modules and 'flexsn_dsl.nir' not in sys.modules; " \
+           "flexsn_dsl.from_nir; assert 'flexsn_dsl.nir' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    monkeypatch.setitem(sys.modules, "nir", None)  # as if it were not installed
+    with pytest.raises(flexsn_dsl.MissingDependency, match=r"pip install flexsn-dsl\[nir\]"):
+        from_nir("graph.nir", dt=1e-3)
