@@ -26,7 +26,7 @@ from .errors import MissingDependency
 from .model import METHODS
 from .runtime import BACKENDS, FlexSN, loads
 
-__all__ = ["NIRError", "NIRNetwork", "from_nir", "to_nir"]
+__all__ = ["NIRError", "NIRNetwork", "from_nir"]
 
 
 class NIRError(ValueError):
@@ -486,7 +486,3 @@ def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str 
     if not isinstance(graph, nir.NIRGraph):
         graph = nir.NIRGraph.from_list(graph)
     return _network(graph, float(dt), method, backend)
-
-
-def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = None):
-    raise NotImplementedError
