@@ -12,19 +12,24 @@ this module. Names in a NIR graph are untrusted: they never reach spec text or g
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import operator
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import sympy
 import torch
 from torch import nn
 
 from .errors import MissingDependency
 from .model import METHODS
 from .runtime import BACKENDS, FlexSN, loads
+from .symbolic import Detach, Spike, language_text, nonlinear_term, real_symbol
 
 __all__ = ["NIRError", "NIRNetwork", "from_nir"]
 
@@ -486,3 +491,440 @@ def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str 
     if not isinstance(graph, nir.NIRGraph):
         graph = nir.NIRGraph.from_list(graph)
     return _network(graph, float(dt), method, backend)
+
+
+# -- export: our neuron modules, recognised symbolically ------------------------------------
+
+X = sympy.Dummy("x", real=True)  # the input, in the NIR templates and in every spec once renamed
+
+
+@dataclass
+class Match:
+    """How one spec compares with one NIR neuron kind: the kind's parameters (expressions of
+    the spec's shaped parameters) when it matches, else the differences found."""
+
+    kind: NeuronKind
+    values: dict[str, sympy.Expr]
+    differences: list[str]
+
+
+@dataclass
+class Dynamics:
+    """A neuron's continuous-time form, in the spec's own state names: derivatives, the threshold
+    u (spike where u >= 0, on the integrated states), reset values, the output, initial values."""
+
+    derivatives: dict[str, sympy.Expr]
+    threshold: sympy.Expr | None
+    reset: dict[str, sympy.Expr]
+    output: str                     # "s" or a state name
+    initial: dict[str, sympy.Expr]
+
+
+def _template(kind: NeuronKind) -> Dynamics:
+    symbols = {p: real_symbol(p) for p in kind.params}
+    parse = lambda text: sympy.sympify(text, locals={**symbols, "x": X, "v": real_symbol("v"),  # noqa: E731
+                                                      "i_syn": real_symbol("i_syn")})
+    return Dynamics({s: parse(rhs) for s, rhs in kind.equations},
+                    parse("v - v_threshold") if kind.spiking else None,
+                    {"v": symbols["v_reset"]} if kind.spiking else {}, "s" if kind.spiking else "v",
+                    {s: parse(init) for s, init in kind.states})
+
+
+def _linear_parts(expr: sympy.Expr, variables: list[sympy.Symbol]) -> tuple[dict[sympy.Symbol | int, sympy.Expr],
+                                                                              sympy.Expr | None]:
+    """``expr`` as c0 + sum c_z z over ``variables``: the coefficients (key 1 for c0) and a
+    nonlinear term (None when ``expr`` is affine in the variables)."""
+    term = nonlinear_term(expr, variables)
+    zero = {z: 0 for z in variables}
+    coeffs: dict[sympy.Symbol | int, sympy.Expr] = {1: sympy.simplify(expr.subs(zero))}
+    for z in variables:
+        coeffs[z] = sympy.simplify(sympy.diff(expr, z).subs(zero))
+    return coeffs, term
+
+
+def _same(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """Whether two coefficients are equal (numbers to rounding: they come from float parameters)."""
+    d = sympy.simplify(a - b)
+    if d == 0:
+        return True
+    return bool(d.is_number) and abs(complex(d)) <= 1e-9 * max(1.0, abs(complex(a)))
+
+
+def _compare(ours: Dynamics, kind: NeuronKind, back: dict[str, str]) -> Match:
+    """Read the kind's parameters off ``ours`` (states already renamed to the kind's; ``back`` maps
+    them to the spec's names for messages), and list what differs."""
+    ref = _template(kind)
+    params = [real_symbol(p) for p in kind.params]
+    variables = [real_symbol(s) for s in ref.derivatives] + [X]
+    spec_symbols = {real_symbol(a): real_symbol(b) for a, b in back.items()}
+    show = lambda e: language_text(e.xreplace(spec_symbols)).replace(str(X), "input")  # noqa: E731
+    nir_kind = f"NIR {kind.kind}"
+    differences: list[str] = []
+    equations, checks = [], []
+    for state, rhs in ref.derivatives.items():
+        mine, term = _linear_parts(ours.derivatives[state], variables)
+        if term is not None:
+            differences.append(f"d{back[state]}/dt has the term {show(term)}, which {nir_kind} has not")
+            continue
+        theirs, _ = _linear_parts(rhs, variables)
+        for key in theirs:
+            pair = (mine[key], theirs[key], state, key)
+            (equations if theirs[key].free_symbols & set(params) else checks).append(pair)
+    if (ref.threshold is None) != (ours.threshold is None):
+        differences.append(f"it spikes, {nir_kind} does not" if ours.threshold is not None else
+                           f"it does not spike, {nir_kind} does")
+    if ours.output != ref.output:
+        differences.append(f"its output is {back.get(ours.output, ours.output)!r}, {nir_kind}'s is "
+                           f"{back.get(ref.output, ref.output)!r}")
+    if differences:
+        return Match(kind, {}, differences)
+    solution = sympy.solve([sympy.Eq(a, b) for a, b, _, _ in equations], params, dict=True) if equations else [{}]
+    values = solution[0] if solution else {}
+    if not solution:
+        differences.append(f"its coefficients admit no parameters of {nir_kind}")
+    for a, b, state, key in checks + equations:
+        if solution and not _same(a, b.xreplace(values)):
+            what = "the constant term" if key == 1 else f"the coefficient of {show(key)}"
+            differences.append(f"in d{back[state]}/dt, {what} is {show(a)}, {nir_kind} has {show(b.xreplace(values))}")
+    if ref.threshold is not None and not differences:
+        v = real_symbol("v")
+        mine, term = _linear_parts(ours.threshold, variables)
+        if term is not None or any(mine[z] != 0 for z in mine if z not in (1, v)):
+            differences.append(f"the threshold {show(ours.threshold)} >= 0 is not {back['v']} >= a constant")
+        elif mine[v].is_number and mine[v] <= 0:
+            differences.append(f"the threshold {show(ours.threshold)} >= 0 fires below a level, not above")
+        else:
+            values[real_symbol("v_threshold")] = sympy.simplify(-mine[1] / mine[v])
+            reset = dict(ours.reset)
+            value = reset.pop("v", None)
+            if value is None or value.free_symbols & set(variables):
+                shown = f"no reset of {back['v']}" if value is None else f"the reset {back['v']}: {show(value)}"
+                differences.append(f"{shown}; {nir_kind} resets {back['v']} to a constant v_reset")
+            else:
+                values[real_symbol("v_reset")] = value
+            for state in reset:
+                differences.append(f"it resets {back[state]!r}, which {nir_kind} does not")
+    return Match(kind, {str(k): v for k, v in values.items()}, differences)
+
+
+def _dynamics(m: FlexSN, dt: float | None) -> tuple[Dynamics, str]:
+    """The module's spec as continuous-time dynamics (a `step` spec read as an Euler step of
+    length ``dt``); scalar parameters replaced by their values, shaped ones kept as symbols.
+    Returns the dynamics and a note on the convention used."""
+    spec = m.spec
+    if len(spec.inputs) != 1:
+        raise NIRError(f"{spec.name}: NIR neurons have one input, this spec has {spec.inputs}")
+    c = spec.continuous
+    if c is not None and c.period is not None:
+        raise NIRError(f"{spec.name}: it has a refractory period, which no NIR neuron has")
+    if len(spec.outputs) != 1:
+        raise NIRError(f"{spec.name}: NIR neurons have one output, this spec has {[n for n, _ in spec.outputs]} "
+                       "(give it outputs: [s], or [v] for a neuron without spikes)")
+    scalars = {real_symbol(n): sympy.Float(float(getattr(m, n).detach())) for n in spec.parameters
+               if n not in spec.shaped}
+    shaped = {real_symbol(n): sympy.Dummy(n, real=True) for n in spec.shaped}  # apart from NIR's names
+    rename = {real_symbol(spec.inputs[0]): X, **scalars, **shaped}
+    plain = lambda e: sympy.sympify(e).xreplace(rename).replace(Detach, lambda a: a)  # noqa: E731
+    initial = {s: plain(st.init) for s, st in spec.states.items()}
+    out_name, out_symbol = spec.outputs[0]
+    if c is not None:
+        output = "s" if c.threshold is not None and out_name == "s" else out_name
+        return Dynamics({s: plain(eq.expr) for s, eq in c.equations.items()},
+                        None if c.threshold is None else plain(c.threshold),
+                        {s: plain(r.expr) for s, r in c.reset.items()}, output, initial), \
+            f"equations ({c.method} integration in this module)"
+    if dt is None:
+        raise NIRError(f"{spec.name} is a discrete-time (`step`) spec: NIR neurons are continuous-time; "
+                       "give to_nir(..., dt=...) to export each step as an Euler step of that length")
+    # inline the step lines, then read the step as x' = x + dt f(x) where no spike happened
+    values: dict[sympy.Symbol, sympy.Expr] = {}
+    for line in spec.steps:
+        values[line.symbol] = plain(line.expr).xreplace(values)
+    spikes = {call for e in values.values() for call in e.atoms(Spike)}
+    if len(spikes) > 1:
+        raise NIRError(f"{spec.name}: its step spikes on {len(spikes)} conditions; NIR neurons have one threshold")
+    spike = next(iter(spikes), None)
+    nexts = {s: values.get(sym, real_symbol(s)) for s, sym in spec.next_states.items()}
+    quiet = {s: e.xreplace({spike: 0}) if spike is not None else e for s, e in nexts.items()}
+    derivatives = {s: sympy.simplify((e - real_symbol(s)) / dt) for s, e in quiet.items()}
+    threshold = reset = None
+    if spike is not None:
+        u = spike.args[0]
+        # NIR thresholds the integrated state: write u in the integrated states where it is affine in them
+        integrated = {real_symbol(s): e for s, e in quiet.items()}
+        old = {X, *(real_symbol(s) for s in spec.states)}
+        v = next((sym for sym, e in integrated.items() if sympy.simplify(u - e).free_symbols.isdisjoint(old)), None)
+        threshold = sympy.simplify(u - integrated[v] + v) if v is not None else u
+        reset = {}
+        for s, e in nexts.items():
+            shift = sympy.simplify(e.xreplace({spike: 1}) - quiet[s])
+            if shift != 0:  # in the integrated state where the reset is a shift of it (v: v - v_th)
+                fired = e.xreplace({spike: 1})
+                reset[s] = real_symbol(s) + shift if shift.free_symbols.isdisjoint(old) else sympy.simplify(fired)
+    output = "s" if spike is not None and out_symbol in values and values[out_symbol] == spike else out_name
+    if output != "s" and out_name not in spec.states:
+        output = out_name
+    return Dynamics(derivatives, threshold, reset or {}, output, initial), \
+        f"a discrete step read as an Euler step: x[t+1] = x[t] + dt * f(x[t], input[t]), dt = {dt!r}"
+
+
+def _check_initial(m: FlexSN, ours: Dynamics, kind: NeuronKind, values: dict[str, sympy.Expr]) -> None:
+    """NIR has no initial values; from_nir starts the states as the kinds' specs do. Warn where ours differ."""
+    symbols = {real_symbol(k): v for k, v in values.items()}
+    for state, init in _template(kind).initial.items():
+        if sympy.simplify(ours.initial[state] - init.xreplace(symbols)) != 0:
+            warnings.warn(f"{m.spec.name}: state {state!r} starts at {language_text(ours.initial[state])}; NIR "
+                          f"graphs carry no initial values and from_nir starts it at {init}", stacklevel=4)
+
+
+def match_neuron(m: FlexSN, dt: float | None = None) -> tuple[NeuronKind, dict[str, sympy.Expr], str]:
+    """The NIR neuron kind whose equations ``m``'s spec has, with the kind's parameters as
+    expressions of the spec's shaped parameters; :class:`NIRError` naming the closest kind
+    and the term that differs when none matches."""
+    ours, convention = _dynamics(m, dt)
+    matches: list[Match] = []
+    for kind in NEURONS.values():
+        ref_states = [s for s, _ in kind.states]
+        if len(ref_states) != len(ours.derivatives):
+            matches.append(Match(kind, {}, [f"it has {len(ours.derivatives)} state(s) "
+                                            f"{sorted(ours.derivatives)}, NIR {kind.kind} has {len(ref_states)}"]))
+            continue
+        for perm in itertools.permutations(ours.derivatives):
+            names = dict(zip(perm, ref_states))
+            sub = {real_symbol(a): real_symbol(b) for a, b in names.items()}
+            renamed = Dynamics({names[s]: e.xreplace(sub) for s, e in ours.derivatives.items()},
+                               None if ours.threshold is None else ours.threshold.xreplace(sub),
+                               {names[s]: e.xreplace(sub) for s, e in ours.reset.items()},
+                               names.get(ours.output, ours.output),
+                               {names[s]: e.xreplace(sub) for s, e in ours.initial.items()})
+            match = _compare(renamed, kind, {b: a for a, b in names.items()})
+            if not match.differences:
+                _check_initial(m, renamed, kind, match.values)
+                return kind, match.values, convention
+            matches.append(match)
+    best = min(matches, key=lambda mt: (mt.differences[0].startswith("it has "), len(mt.differences)))
+    raise NIRError(f"{m.spec.name} matches no NIR neuron; the closest is {best.kind.kind}, but "
+                   f"{'; '.join(best.differences)}")
+
+
+def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: str) -> Any:
+    """The NIR node of one of our neuron modules, its arrays of the layer's shape ``feature``."""
+    nir = _nir()
+    kind, values, _ = match_neuron(m, dt)
+    missing = [p for p in kind.params if p not in values]
+    if missing:
+        raise NIRError(f"{where}: {m.spec.name} matches NIR {kind.kind} but does not fix {missing}")
+    arrays: dict[str, np.ndarray] = {}
+    for p in kind.params:
+        expr = values[p]
+        symbols = sorted(expr.free_symbols, key=str)  # the shaped parameters it depends on
+        args = [getattr(m, s.name).detach().cpu().double().numpy() for s in symbols]
+        value = np.asarray(sympy.lambdify(symbols, expr, "numpy")(*args), dtype=np.float64)
+        try:
+            arrays[p] = np.array(np.broadcast_to(value, feature))
+        except ValueError:
+            raise NIRError(f"{where}: parameter {p} of shape {list(value.shape)} does not broadcast to the "
+                           f"layer's shape {list(feature)}") from None
+    return getattr(nir, kind.kind)(**arrays)
+
+
+def _layer_node(m: nn.Module, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    """The NIR node of a torch layer (or one of this module's layers)."""
+    nir = _nir()
+
+    def arr(t: torch.Tensor) -> np.ndarray:
+        return t.detach().cpu().numpy().copy()
+
+    if isinstance(m, PerStep):
+        return _layer_node(m.layer, feature_in, dt, where)
+    if isinstance(m, nn.Linear):
+        return nir.Linear(weight=arr(m.weight)) if m.bias is None else \
+            nir.Affine(weight=arr(m.weight), bias=arr(m.bias))
+    if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+        if m.padding_mode != "zeros":
+            raise NIRError(f"{where}: padding_mode={m.padding_mode!r}; NIR convolutions pad with zeros")
+        dims = 1 if isinstance(m, nn.Conv1d) else 2
+        bias = arr(m.bias) if m.bias is not None else np.zeros(m.out_channels, dtype=arr(m.weight).dtype)
+        padding = m.padding if isinstance(m.padding, str) else tuple(m.padding)
+        if dims == 1:
+            return nir.Conv1d(input_shape=int(feature_in[-1]), weight=arr(m.weight), stride=int(m.stride[0]),
+                              padding=padding if isinstance(padding, str) else int(padding[0]),
+                              dilation=int(m.dilation[0]), groups=m.groups, bias=bias)
+        return nir.Conv2d(input_shape=tuple(int(n) for n in feature_in[-2:]), weight=arr(m.weight),
+                          stride=tuple(m.stride), padding=padding, dilation=tuple(m.dilation), groups=m.groups,
+                          bias=bias)
+    if isinstance(m, nn.AvgPool2d):
+        if m.ceil_mode or not m.count_include_pad or m.divisor_override not in (None, 1):
+            raise NIRError(f"{where}: {m} has options NIR's pooling nodes do not (ceil_mode, count_include_pad=False, "
+                           "a divisor other than 1)")
+        pool = nir.SumPool2d if m.divisor_override == 1 else nir.AvgPool2d
+        pair = lambda v: np.array(_ints(v, 2, f"{where}: pooling size"))  # noqa: E731
+        return pool(kernel_size=pair(m.kernel_size), stride=pair(m.stride if m.stride is not None else m.kernel_size),
+                    padding=pair(m.padding))
+    if isinstance(m, Flatten):
+        return nir.Flatten(input_type={"input": np.array(feature_in)}, start_dim=m.start_dim, end_dim=m.end_dim)
+    if isinstance(m, (Scale, Threshold)):
+        value = np.array(np.broadcast_to(arr(m.scale if isinstance(m, Scale) else m.threshold), feature_in))
+        return nir.Scale(scale=value) if isinstance(m, Scale) else nir.Threshold(threshold=value)
+    if isinstance(m, Delay):
+        if dt is None:
+            raise NIRError(f"{where}: a Delay counts steps; give to_nir(..., dt=...) to write it in time")
+        return nir.Delay(delay=np.array(np.broadcast_to(arr(m.steps) * dt, feature_in), dtype=np.float64))
+    if isinstance(m, FlexSN):
+        return _neuron_node(m, feature_in, dt, where)
+    raise NIRError(f"{where}: {type(m).__name__} has no NIR node (to_nir exports Linear, Conv1d, Conv2d, AvgPool2d, "
+                   "flatten/reshape, addition and flexsn-dsl neurons)")
+
+
+_PASS_THROUGH = (nn.Identity, nn.Dropout)
+_RESHAPES = {"flatten", "unflatten", "view", "reshape", "contiguous"}
+
+
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
+        return isinstance(m, (FlexSN, PerStep, Flatten, Scale, Threshold, Delay)) or \
+            super().is_leaf_module(m, qualified_name)
+
+
+class _Shapes(torch.fx.Interpreter):
+    """Runs the traced module once, recording each node's output shape."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.shapes: dict[torch.fx.Node, tuple[int, ...] | None] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        self.shapes[n] = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        return out
+
+
+def _feature(shape: tuple[int, ...] | None, steps: int, where: str) -> tuple[int, ...]:
+    """One sample's shape: ``shape`` without its leading time and batch dimensions (together T*B elements)."""
+    if shape is not None:
+        for k in range(1, len(shape) + 1):
+            if math.prod(shape[:k]) == steps:
+                return tuple(shape[k:])
+    raise NIRError(f"{where}: its output (shape {None if shape is None else list(shape)}) does not start with the "
+                   "time and batch dimensions of the sample input")
+
+
+def _flatten_dims(before: tuple[int, ...], after: tuple[int, ...]) -> tuple[int, int] | None:
+    """(start, end) such that flattening ``before`` over start..end gives ``after``; None if none does."""
+    for start in range(len(before)):
+        for end in range(start, len(before)):
+            if before[:start] + (math.prod(before[start:end + 1]),) + before[end + 1:] == after:
+                return start, end
+    return None
+
+
+def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = None) -> Any:
+    """A ``nir.NIRGraph`` of ``module`` (which takes ``[T, B, ...]``), traced with torch.fx and run
+    once on ``sample_input`` for the shapes (neuron states are restored afterwards).
+
+    Linear, Conv1d/2d, AvgPool2d (SumPool2d with ``divisor_override=1``), reshapes of the sample
+    dimensions (Flatten) and additions (edges into one node) map to their NIR nodes; reshapes that
+    only fold time into batch vanish. Each flexsn-dsl neuron becomes the NIR neuron whose
+    equations its spec has, found symbolically; a discrete-time (``step``) spec is read as an
+    Euler step of length ``dt``. A module that matches no NIR node raises :class:`NIRError`
+    naming the closest node and the term that differs.
+    """
+    nir = _nir()
+    if sample_input.dim() < 3:
+        raise ValueError(f"sample_input must be [T, B, ...] with sample dimensions, got shape {list(sample_input.shape)}")
+    if dt is not None and (not isinstance(dt, (int, float)) or isinstance(dt, bool) or not math.isfinite(dt)
+                           or dt <= 0):
+        raise ValueError(f"dt must be a positive number, got {dt!r}")
+    if isinstance(module, NIRNetwork):
+        raise NIRError("this module came from from_nir: export the NIR graph it was made from")
+    tracer = _Tracer()
+    try:
+        graph = tracer.trace(module)
+    except Exception as exc:  # torch.fx refuses data-dependent control flow and the like
+        raise NIRError(f"torch.fx cannot trace {type(module).__name__}: {exc}") from exc
+    gm = torch.fx.GraphModule(tracer.root, graph)
+    saved = [(m, dict(m.states), dict(m.state_seqs)) for m in module.modules() if isinstance(m, FlexSN)]
+    delays = [(m, m.history) for m in module.modules() if isinstance(m, Delay)]
+    shapes = _Shapes(gm)
+    try:
+        with torch.no_grad():
+            shapes.run(sample_input)
+    finally:
+        for m, states, seqs in saved:
+            m.states, m.state_seqs = states, seqs
+        for m, history in delays:
+            m.history = history
+    steps = sample_input.shape[0] * sample_input.shape[1]
+    nodes: dict[str, Any] = {}
+    edges: list[tuple[str, str]] = []
+    sources: dict[torch.fx.Node, list[str]] = {}  # fx node -> the NIR nodes whose outputs sum to it
+
+    def tensors(n: torch.fx.Node) -> list[torch.fx.Node]:
+        """The arguments of ``n`` that are tensors (sizes read off ``x.shape`` are not data flow)."""
+        found: list[torch.fx.Node] = []
+        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(a) if shapes.shapes[a] is not None else None)
+        return found
+
+    def inputs_of(n: torch.fx.Node, where: str) -> list[str]:
+        args = tensors(n)
+        if len(args) != 1:
+            raise NIRError(f"{where} takes {len(args)} tensors; NIR nodes take one")
+        return sources[args[0]]
+
+    def add_node(n: torch.fx.Node, node: Any, srcs: list[str]) -> None:
+        nodes[n.name] = node
+        edges.extend((s, n.name) for s in srcs)
+        sources[n] = [n.name]
+
+    for n in gm.graph.nodes:
+        where = f"{n.op} {n.target if n.op != 'call_module' else repr(n.target)}"
+        if n.op != "output" and shapes.shapes[n] is None:
+            continue  # sizes and other non-tensor values: not data flow
+        if n.op == "placeholder":
+            if nodes:
+                raise NIRError(f"{where}: to_nir exports modules with one input")
+            nodes[n.name] = nir.Input(input_type=np.array(_feature(shapes.shapes[n], steps, where)))
+            sources[n] = [n.name]
+        elif n.op == "output":
+            out = n.args[0]
+            if not isinstance(out, torch.fx.Node):
+                raise NIRError("the module must return one tensor")
+            add_node(n, nir.Output(output_type=np.array(_feature(shapes.shapes[out], steps, "the output"))),
+                     sources[out])
+        elif n.op == "call_module":
+            m = gm.get_submodule(n.target)
+            srcs = inputs_of(n, where)
+            if isinstance(m, _PASS_THROUGH):
+                sources[n] = srcs
+            elif isinstance(m, nn.Flatten):
+                _reshape(n, srcs, shapes.shapes, steps, where, add_node, sources)
+            else:
+                feature_in = _feature(shapes.shapes[tensors(n)[0]], steps, where)
+                add_node(n, _layer_node(m, feature_in, dt, where), srcs)
+        elif (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
+                (n.op == "call_method" and n.target == "add"):
+            args = tensors(n)
+            if len(args) != len(n.args) or len(args) != 2 or n.kwargs:
+                raise NIRError(f"{where}: only the sum of two layers' outputs is exported (a sum is two edges "
+                               "into the next node)")
+            sources[n] = sources[args[0]] + sources[args[1]]
+        elif (n.op == "call_method" and n.target in _RESHAPES) or \
+                (n.op == "call_function" and n.target in (torch.flatten, torch.reshape, torch.unflatten)):
+            _reshape(n, inputs_of(n, where), shapes.shapes, steps, where, add_node, sources)
+        else:
+            raise NIRError(f"{where}: this operation has no NIR node")
+    return nir.NIRGraph(nodes=nodes, edges=edges)
+
+
+def _reshape(n, srcs, shapes, steps, where, add_node, sources) -> None:
+    """A reshape: nothing where it only folds or unfolds time and batch, else a NIR Flatten."""
+    nir = _nir()
+    before = _feature(shapes[next(a for a in n.all_input_nodes if shapes[a] is not None)], steps, where)
+    after = _feature(shapes[n], steps, where)
+    if before == after:
+        sources[n] = srcs
+        return
+    dims = _flatten_dims(before, after)
+    if dims is None:
+        raise NIRError(f"{where}: reshapes one sample from {list(before)} to {list(after)}, which is not a flatten")
+    add_node(n, nir.Flatten(input_type={"input": np.array(before)}, start_dim=dims[0], end_dim=dims[1]), srcs)

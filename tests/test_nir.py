@@ -316,3 +316,80 @@ def test_nir_is_imported_only_when_used(monkeypatch):
     monkeypatch.setitem(sys.modules, "nir", None)  # as if it were not installed
     with pytest.raises(flexsn_dsl.MissingDependency, match=r"pip install flexsn-dsl\[nir\]"):
         from_nir("graph.nir", dt=1e-3)
+
+
+# -- export -----------------------------------------------------------------------------------
+
+from flexsn_dsl.nir import match_neuron, to_nir  # noqa: E402
+
+
+def _zoo(name, **kwargs):
+    return flexsn_dsl.load(f"neurons/{name}.yaml", backend="torch", **kwargs)
+
+
+@pytest.mark.parametrize("name, dt, kind, want", [
+    # lif_ct: tau dv/dt = v_rest - v + R I, tau = 2, R = 1, v_rest = 0, v_th = 1, v_reset = 0
+    ("lif_ct", None, "LIF", {"tau": 2.0, "r": 1.0, "v_leak": 0.0, "v_threshold": 1.0, "v_reset": 0.0}),
+    # cuba_lif_ct: tau_syn = 1, tau_mem = 2, R = 2 (docs of the spec)
+    ("cuba_lif_ct", None, "CubaLIF", {"tau_syn": 1.0, "tau_mem": 2.0, "r": 2.0, "w_in": 1.0, "v_leak": 0.0,
+                                      "v_threshold": 1.0, "v_reset": 0.0}),
+    # lif (step): v + (x - v)/2 is an Euler step of length dt of dt dv/dt ... with tau = 2 dt, r = 1
+    ("lif", 0.25, "LIF", {"tau": 0.5, "r": 1.0, "v_leak": 0.0, "v_threshold": 1.0, "v_reset": 0.0}),
+    # if (step): v + x is an Euler step of dv/dt = x / dt
+    ("if", 0.5, "IF", {"r": 2.0, "v_threshold": 1.0, "v_reset": 0.0}),
+])
+def test_specs_are_recognised_symbolically(name, dt, kind, want):
+    found, values, convention = match_neuron(_zoo(name), dt)
+    assert found.kind == kind
+    assert {k: float(v) for k, v in values.items()} == pytest.approx(want, rel=1e-12, abs=1e-15)
+    assert ("Euler" in convention) == (dt is not None)
+
+
+@pytest.mark.parametrize("name, dt, message", [
+    ("lif_soft", 1.0, r"closest is LIF, but the reset v: v - 1\.0; NIR LIF resets v to a constant"),
+    ("adex_ct", None, r"closest is CubaLIF, but dv/dt has the term .*exp"),
+    ("lif_refractory", None, "refractory period, which no NIR neuron has"),
+    ("lif", None, r"discrete-time \(`step`\) spec.*to_nir\(\.\.\., dt=\.\.\.\)"),
+    ("leaky", 1.0, "NIR neurons have one output"),
+])
+def test_specs_without_a_nir_node_are_refused(name, dt, message):
+    with pytest.raises(NIRError, match=message):
+        match_neuron(_zoo(name), dt)
+
+
+class _Net(torch.nn.Module):
+    """Conv2d over every step (time folded into the batch) -> LIF -> sum pooling -> Linear -> CUBA LIF."""
+
+    def __init__(self, backend):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+        self.lif = flexsn_dsl.load("neurons/lif_ct.yaml", backend=backend)
+        self.pool = torch.nn.AvgPool2d(2, divisor_override=1)
+        self.fc = torch.nn.Linear(12, 4)
+        self.cuba = flexsn_dsl.load("neurons/cuba_lif_ct.yaml", backend=backend)
+
+    def forward(self, x):
+        T, B = x.shape[:2]
+        s = self.lif(self.conv(x.flatten(0, 1)).unflatten(0, (T, B)))
+        p = self.pool(s.flatten(0, 1)).flatten(1)
+        return self.cuba(self.fc(p).unflatten(0, (T, B)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_round_trip_through_a_file(backend, tmp_path):
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        net = _Net(backend).to(DTYPE)
+        with torch.no_grad():  # weights that make both layers spike, some neurons not always
+            net.conv.weight.uniform_(-0.1, 0.4)
+            net.fc.weight.uniform_(-0.1, 0.5)
+    net = net.to(torch.get_default_device())
+    x = _rand(6, 2, 2, 4, 4, seed=20, scale=3.0)
+    graph = to_nir(net, x)
+    assert [type(n).__name__ for n in graph.nodes.values()] == ["Input", "Conv2d", "LIF", "SumPool2d", "Flatten",
+                                                                "Affine", "CubaLIF", "Output"]
+    nir.write(tmp_path / "net.nir", graph)
+    back = from_nir(tmp_path / "net.nir", dt=1.0, backend=backend).to(DTYPE)
+    want = net(x)
+    assert want.sum() > 0 and (want == 0).sum() > 0
+    assert torch.equal(back(x), want)
