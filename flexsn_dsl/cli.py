@@ -12,6 +12,8 @@ from typing import Callable, Sequence
 
 from .console import UsageError, escaped_output, parse_params, parse_sizes
 from .errors import MissingDependency, SpecError, SpecWarning
+from .model import METHODS
+from .runtime import BACKENDS
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "info", "module",
@@ -335,6 +337,76 @@ def cmd_plugins(args) -> int:
     return 1 if plugins.errors else 0
 
 
+def cmd_nir(args) -> int:
+    """NIR files: show one, import one as a network (and run it once), export a spec as a NIR graph."""
+    from . import nir as nir_module
+    try:
+        nir = nir_module._nir()
+        if args.nir_command == "export":
+            from .runtime import load
+            module = load(args.spec, params=parse_params(args.param), backend="torch", plugins=args.plugin,
+                          sizes=parse_sizes(args.size))
+            shape = _shape(args.shape)
+            graph = nir_module.to_nir(module, torch_zeros(1, 2, *shape), dt=args.dt)
+            nir.write(args.out, graph)
+            kind = next(n for n in graph.nodes.values() if type(n).__name__ in nir_module.NEURONS)
+            print(f"{module.spec.name} is NIR {type(kind).__name__}; written to {args.out}")
+            _print_graph(graph)
+            return 0
+        if not Path(args.file).is_file():
+            raise SpecError(f"{args.file} does not exist", hint="give a NIR file written by nir.write")
+        graph = nir.read(args.file)
+        if args.nir_command == "show":
+            _print_graph(graph)
+            return 0
+        net = nir_module.from_nir(graph, dt=args.dt, method=args.method, backend=args.backend)
+        print(net)
+        (name, node), = graph.inputs.items() if len(graph.inputs) == 1 else (("", None),)
+        if node is not None and args.steps:
+            shape = [int(n) for n in node.input_type["input"]]
+            out = net(torch_zeros(args.steps, 1, *shape))
+            print(f"ran {args.steps} steps of zero input: output shape {list(out.shape)}, "
+                  f"{float(out.sum()):g} summed")
+        return 0
+    except nir_module.NIRError as exc:
+        raise SpecError(str(exc)) from None
+    except (OSError, KeyError, ValueError, AssertionError) as exc:
+        what = getattr(args, "file", None) or getattr(args, "out", None)
+        raise SpecError(f"{what}: {type(exc).__name__}: {exc}", hint="give a NIR file written by nir.write") from None
+
+
+def torch_zeros(*shape: int):
+    import torch
+    return torch.zeros(shape)
+
+
+def _shape(text: str) -> list[int]:
+    try:
+        shape = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        shape = []
+    if not shape or any(n <= 0 for n in shape):
+        raise UsageError(f"--shape {text!r}: give the layer's sizes as positive integers, e.g. --shape 128 or 3,32,32")
+    return shape
+
+
+def _print_graph(graph) -> None:
+    """The nodes (kind, input and output shapes, parameters) and edges of a NIR graph."""
+    import numpy as np
+    rows = []
+    for name, node in graph.nodes.items():
+        shapes = [list(np.asarray(t).tolist()) if t is not None else "?" for t in
+                  ((node.input_type or {}).get("input"), (node.output_type or {}).get("output"))]
+        params = []
+        for key, value in vars(node).items():
+            if isinstance(value, np.ndarray) and key not in ("input_type", "output_type") and value.size:
+                lo, hi = float(value.min()), float(value.max())
+                params.append(f"{key}={lo:g}" if lo == hi else f"{key}={lo:g}..{hi:g}")
+        rows.append([name, type(node).__name__, str(shapes[0]), str(shapes[1]), " ".join(params)])
+    print(_table(rows, ["node", "kind", "input", "output", "parameters (min..max)"]))
+    print("edges: " + ", ".join(f"{a} -> {b}" for a, b in graph.edges))
+
+
 def cmd_bench(args) -> int:
     from .bench import main as bench_main
     return bench_main(args)
@@ -395,6 +467,28 @@ def _parser() -> argparse.ArgumentParser:
     p = command("plugins", cmd_plugins, "list plugins, surrogates and code-generation passes, with where each "
                 "came from (exit 1 if a plugin is broken)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p = command("nir", cmd_nir, "NIR graphs: show a file, import it as a network, export a spec "
+                "(needs pip install flexsn-dsl[nir])")
+    nir_sub = p.add_subparsers(dest="nir_command", metavar="ACTION", required=True)
+    q = nir_sub.add_parser("show", help="print a NIR file's nodes, shapes, parameters and edges")
+    q.add_argument("file", metavar="FILE")
+    q = nir_sub.add_parser("import", help="build the network of a NIR file with flexsn-dsl neurons; print it and "
+                           "run it on zero input")
+    q.add_argument("file", metavar="FILE")
+    q.add_argument("--dt", type=float, required=True, help="the step length, in the graph's time unit")
+    q.add_argument("--method", default="exact", choices=METHODS, help="the integrator (default: exact)")
+    q.add_argument("--backend", default="torch", choices=BACKENDS, help="default: torch")
+    q.add_argument("--steps", type=int, default=4, metavar="T", help="steps of zero input to run (default 4; 0: none)")
+    q = nir_sub.add_parser("export", help="write a spec's neuron as a NIR graph (input -> neuron -> output)")
+    q.add_argument("spec", metavar="SPEC")
+    q.add_argument("-o", "--out", required=True, metavar="FILE.nir")
+    q.add_argument("--shape", required=True, metavar="N[,N...]", help="the layer's shape, e.g. 128 or 3,32,32")
+    q.add_argument("--dt", type=float, help="a `step` spec's step length (it is exported as an Euler step)")
+    q.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    q.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                   help="a size named in parameter shapes (repeatable)")
+    for q in nir_sub.choices.values():
+        q.set_defaults(plugin=[])
     p = command("bench", cmd_bench, "time the generated kernels against torch loops and peers")
     from .bench import add_arguments
     add_arguments(p)

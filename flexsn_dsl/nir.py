@@ -838,6 +838,8 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
     if isinstance(module, NIRNetwork):
         raise NIRError("this module came from from_nir: export the NIR graph it was made from")
     tracer = _Tracer()
+    if tracer.is_leaf_module(module, ""):
+        module = nn.Sequential(module)  # torch.fx traces into the root module: make a leaf a child
     try:
         graph = tracer.trace(module)
     except Exception as exc:  # torch.fx refuses data-dependent control flow and the like
@@ -872,9 +874,13 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
         return sources[args[0]]
 
     def add_node(n: torch.fx.Node, node: Any, srcs: list[str]) -> None:
-        nodes[n.name] = node
-        edges.extend((s, n.name) for s in srcs)
-        sources[n] = [n.name]
+        # named after the layer's attribute path ("conv", "layers.2"), else fx's name for the operation
+        name = {"placeholder": "input", "output": "output"}.get(n.op, str(n.target) if n.op == "call_module" else n.name)
+        if name in nodes:
+            name = n.name
+        nodes[name] = node
+        edges.extend((s, name) for s in srcs)
+        sources[n] = [name]
 
     for n in gm.graph.nodes:
         where = f"{n.op} {n.target if n.op != 'call_module' else repr(n.target)}"
@@ -883,8 +889,7 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
         if n.op == "placeholder":
             if nodes:
                 raise NIRError(f"{where}: to_nir exports modules with one input")
-            nodes[n.name] = nir.Input(input_type=np.array(_feature(shapes.shapes[n], steps, where)))
-            sources[n] = [n.name]
+            add_node(n, nir.Input(input_type=np.array(_feature(shapes.shapes[n], steps, where))), [])
         elif n.op == "output":
             out = n.args[0]
             if not isinstance(out, torch.fx.Node):

@@ -393,3 +393,31 @@ def test_round_trip_through_a_file(backend, tmp_path):
     want = net(x)
     assert want.sum() > 0 and (want == 0).sum() > 0
     assert torch.equal(back(x), want)
+
+
+def test_cli_export_show_import(tmp_path, capsys):
+    from flexsn_dsl.cli import main
+    path = tmp_path / "cuba.nir"
+    assert main(["nir", "export", "neurons/cuba_lif_ct.yaml", "--shape", "3", "-o", str(path)]) == 0
+    assert "cuba_lif_ct is NIR CubaLIF" in capsys.readouterr().out
+    node = next(n for n in nir.read(path).nodes.values() if isinstance(n, nir.CubaLIF))
+    assert node.tau_syn.tolist() == [1.0] * 3 and node.tau_mem.tolist() == [2.0] * 3 and node.r.tolist() == [2.0] * 3
+    assert main(["nir", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "CubaLIF" in out and "tau_mem=2" in out and "input -> 0, 0 -> output" in out
+    assert main(["nir", "import", str(path), "--dt", "0.5", "--steps", "3"]) == 0
+    assert "output shape [3, 1, 3]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nir", "export", "neurons/lif_soft.yaml", "--shape", "3", "-o", "{tmp}/x.nir", "--dt", "1"],
+     "error: lif_soft matches no NIR neuron; the closest is LIF, but the reset v: v - 1.0"),
+    (["nir", "show", "{tmp}/missing.nir"], "missing.nir does not exist"),
+    (["nir", "show", "{tmp}/garbage.nir"], "garbage.nir: OSError"),
+])
+def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
+    from flexsn_dsl.cli import main
+    (tmp_path / "garbage.nir").write_text("not a NIR file")
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
