@@ -13,8 +13,8 @@ from .codegen_triton import FlexSNInfo
 
 
 def __getattr__(name: str):
-    # from_nir lives in flexsn_dsl.nir, imported on first use: `import flexsn_dsl` does not import nir
-    if name in ("from_nir",):
+    # from_nir/to_nir live in flexsn_dsl.nir, imported on first use: `import flexsn_dsl` does not import nir
+    if name in ("from_nir", "to_nir"):
         from . import nir as _nir_module
         return getattr(_nir_module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

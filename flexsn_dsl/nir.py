@@ -31,7 +31,7 @@ from .model import METHODS
 from .runtime import BACKENDS, FlexSN, loads
 from .symbolic import Detach, Spike, language_text, nonlinear_term, real_symbol
 
-__all__ = ["NIRError", "NIRNetwork", "from_nir"]
+__all__ = ["NIRError", "NIRNetwork", "from_nir", "match_neuron", "to_nir"]
 
 
 class NIRError(ValueError):
@@ -836,7 +836,7 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
                            or dt <= 0):
         raise ValueError(f"dt must be a positive number, got {dt!r}")
     if isinstance(module, NIRNetwork):
-        raise NIRError("this module came from from_nir: export the NIR graph it was made from")
+        return _export_network(module, sample_input, dt)
     tracer = _Tracer()
     if tracer.is_leaf_module(module, ""):
         module = nn.Sequential(module)  # torch.fx traces into the root module: make a leaf a child
@@ -918,6 +918,41 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
             _reshape(n, inputs_of(n, where), shapes.shapes, steps, where, add_node, sources)
         else:
             raise NIRError(f"{where}: this operation has no NIR node")
+    return nir.NIRGraph(nodes=nodes, edges=edges)
+
+
+def _export_network(net: NIRNetwork, sample_input: torch.Tensor, dt: float | None) -> Any:
+    """A network made by :func:`from_nir` (and trained since, perhaps) back as a NIR graph: its
+    nodes and edges, each layer as it is now."""
+    nir = _nir()
+    steps = sample_input.shape[0] * sample_input.shape[1]
+    feature: dict[str, tuple[int, ...]] = {}
+
+    def record(key: str):
+        def hook(module: nn.Module, args: tuple, out: Any) -> None:
+            feature.setdefault(key, tuple(args[0].shape))
+        return hook
+    hooks = [m.register_forward_hook(record(key)) for key, m in net.nodes.items()]
+    saved = [(m, dict(m.states), dict(m.state_seqs)) for m in net.modules() if isinstance(m, FlexSN)]
+    try:
+        with torch.no_grad():
+            out = net(sample_input)
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, states, seqs in saved:
+            m.states, m.state_seqs = states, seqs
+    nodes: dict[str, Any] = {}
+    for name, key in net.names.items():
+        if name in net._inputs:
+            nodes[name] = nir.Input(input_type=np.array(_feature(tuple(sample_input.shape), steps, name)))
+        elif name in net._outputs:
+            nodes[name] = nir.Output(output_type=np.array(_feature(tuple(out.shape), steps, name)))
+        elif key not in net.nodes or isinstance(net.nodes[key], NIRNetwork):
+            raise NIRError(f"node {name!r}: an identity or a subgraph, which to_nir does not write back")
+        else:
+            nodes[name] = _layer_node(net.nodes[key], _feature(feature.get(key), steps, name), dt, f"node {name!r}")
+    edges = [(a, b) for b, preds in net._preds.items() for a in preds]
     return nir.NIRGraph(nodes=nodes, edges=edges)
 
 

@@ -421,3 +421,27 @@ def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_imported_network_exports_again_after_training(tmp_path):
+    """from_nir -> a training step (the Affine weights change) -> to_nir: the graph holds the trained weights
+    and the same neurons, and runs as the trained module does."""
+    lif = _lif()
+    graph = nir.NIRGraph.from_list(nir.Affine(weight=_np(N, 3, seed=21), bias=_np(N, seed=22)), lif)
+    net = from_nir(graph, dt=1e-3, backend="torch").to(DTYPE)
+    x = _rand(20, 2, 3, seed=23, scale=2.0)
+    net.reset()
+    ((net(x).mean() - 0.5) ** 2).backward()  # surrogate gradients reach the Affine layer
+    before = net.node("affine").weight.detach().clone()
+    with torch.no_grad():
+        for p in net.parameters():
+            p -= 0.5 * p.grad
+    assert not torch.equal(net.node("affine").weight, before)
+    net.reset()
+    exported = to_nir(net, x)
+    assert isinstance(exported.nodes["lif"], nir.LIF) and np.allclose(exported.nodes["lif"].tau, lif.tau)
+    assert np.array_equal(exported.nodes["affine"].weight, net.node("affine").weight.detach().numpy())
+    nir.write(tmp_path / "trained.nir", exported)
+    again = from_nir(tmp_path / "trained.nir", dt=1e-3, backend="torch").to(DTYPE)
+    want = net(x)
+    assert want.sum() > 0 and torch.equal(again(x), want)
