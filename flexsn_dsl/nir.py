@@ -91,10 +91,10 @@ def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     lines = [f"neuron: nir_{kind.kind.lower()}", f"description: {json.dumps(kind.description)}", "inputs: [x]", "parameters:"]
-    for name in kind.params:
-        if name in shapes:
-            dims = ", ".join(str(int(n)) for n in shapes[name])
-            lines.append(f"  {name}: {{value: 1.0, shape: [{dims}]}}")
+    for index, name in enumerate(kind.params):
+        if name in shapes:  # the tensor given as params= replaces the value; distinct values keep the
+            dims = ", ".join(str(int(n)) for n in shapes[name])  # propagator check from seeing equal time constants
+            lines.append(f"  {name}: {{value: {index + 1}.0, shape: [{dims}]}}")
         else:
             lines.append(f"  {name}: 1.0")
     lines += ["  dt: 1.0", "states:", *(f"  {s}: {init}" for s, init in kind.states),
@@ -128,6 +128,13 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str) -> FlexS
         else:
             shapes[p] = array.shape
             params[p] = torch.tensor(array)
+    if method == "exact" and {"tau_syn", "tau_mem"} & set(shapes):
+        same = np.broadcast_to(_array(node.tau_syn, ""), np.broadcast_shapes(np.shape(node.tau_syn), np.shape(
+            node.tau_mem))) == _array(node.tau_mem, "")
+        if np.any(same):
+            raise NIRError(f"node {name!r}: tau_syn equals tau_mem for {int(same.sum())} neuron(s), where the exact "
+                           "per-neuron propagator divides by tau_syn - tau_mem; import it with method='rk4' "
+                           "(or give every neuron the same two time constants)")
     return loads(neuron_spec(kind, method, shapes), params=params, backend=backend, filename=f"<nir {kind.kind}>")
 
 
