@@ -12,16 +12,8 @@ from .hookspecs import hookimpl, hookspec
 from .codegen_triton import FlexSNInfo
 
 
-def __getattr__(name: str):
-    # from_nir/to_nir live in flexsn_dsl.nir, imported on first use: `import flexsn_dsl` does not import nir
-    if name in ("from_nir", "to_nir"):
-        from . import nir as _nir_module
-        return getattr(_nir_module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PluginError", "ShapeError", "Simulation", "SourcePos",
-           "SpecError", "hookimpl", "hookspec", "load", "loads", "simulate", "__version__"]
+           "SpecError", "from_nir", "hookimpl", "hookspec", "load", "loads", "simulate", "to_nir", "__version__"]
 
 
 def __getattr__(name: str):
@@ -29,6 +21,8 @@ def __getattr__(name: str):
         from . import runtime as module
     elif name in ("Simulation", "simulate"):
         from . import simulation as module
+    elif name in ("from_nir", "to_nir"):  # the optional nir package is imported when they are called
+        from . import nir as module
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(module, name)

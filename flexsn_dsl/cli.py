@@ -12,8 +12,6 @@ from typing import Callable, Sequence
 
 from .console import UsageError, escaped_output, parse_params, parse_sizes
 from .errors import MissingDependency, SpecError, SpecWarning
-from .model import METHODS
-from .runtime import BACKENDS
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "info", "module",
@@ -476,8 +474,9 @@ def _parser() -> argparse.ArgumentParser:
                            "run it on zero input")
     q.add_argument("file", metavar="FILE")
     q.add_argument("--dt", type=float, required=True, help="the step length, in the graph's time unit")
-    q.add_argument("--method", default="exact", choices=METHODS, help="the integrator (default: exact)")
-    q.add_argument("--backend", default="torch", choices=BACKENDS, help="default: torch")
+    q.add_argument("--method", default="exact", help="the integrator: exact (default), euler, rk2, rk4, "
+                   "exponential_euler")
+    q.add_argument("--backend", default="torch", help="torch (default), triton or auto")
     q.add_argument("--steps", type=int, default=4, metavar="T", help="steps of zero input to run (default 4; 0: none)")
     q = nir_sub.add_parser("export", help="write a spec's neuron as a NIR graph (input -> neuron -> output)")
     q.add_argument("spec", metavar="SPEC")
