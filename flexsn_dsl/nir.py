@@ -129,8 +129,7 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str) -> FlexS
             shapes[p] = array.shape
             params[p] = torch.tensor(array)
     if method == "exact" and {"tau_syn", "tau_mem"} & set(shapes):
-        same = np.broadcast_to(_array(node.tau_syn, ""), np.broadcast_shapes(np.shape(node.tau_syn), np.shape(
-            node.tau_mem))) == _array(node.tau_mem, "")
+        same = np.asarray(node.tau_syn, dtype=np.float64) == np.asarray(node.tau_mem, dtype=np.float64)
         if np.any(same):
             raise NIRError(f"node {name!r}: tau_syn equals tau_mem for {int(same.sum())} neuron(s), where the exact "
                            "per-neuron propagator divides by tau_syn - tau_mem; import it with method='rk4' "
@@ -615,6 +614,35 @@ def _compare(ours: Dynamics, kind: NeuronKind, back: dict[str, str]) -> Match:
 
 
 def _dynamics(m: FlexSN, dt: float | None) -> tuple[Dynamics, str]:
+    """:func:`_own_dynamics`, with a recurrent input (``recurrent: {r: {from: s}}``) taken out: NIR
+    writes it as a Linear node on an edge from the neuron back to its input, which is only the same
+    where the spec adds r to its input."""
+    ours, convention = _own_dynamics(m, dt)
+    spec = m.spec
+    if not spec.recurrent:
+        return ours, convention
+    rec = list(spec.recurrent.values())
+    out_name = spec.outputs[0][0]
+    if len(rec) > 1 or rec[0].source != out_name:
+        raise NIRError(f"{spec.name}: NIR feeds back a node's output through one edge; this spec's recurrent inputs "
+                       f"feed back {[r.source for r in rec]}, its output is {out_name!r}")
+    r = real_symbol(rec[0].name)
+    show = {X: real_symbol(spec.inputs[0])}
+
+    def added(e: sympy.Expr) -> sympy.Expr:
+        without = e.xreplace({r: 0})
+        if sympy.simplify(without.xreplace({X: X + r}) - e) != 0:
+            raise NIRError(f"{spec.name}: its recurrent input {rec[0].name!r} is not added to its input "
+                           f"{spec.inputs[0]!r} in {language_text(e.xreplace(show))}; NIR adds the recurrent edge "
+                           "to the neuron's input")
+        return without
+    return Dynamics({s: added(e) for s, e in ours.derivatives.items()},
+                    None if ours.threshold is None else added(ours.threshold),
+                    {s: added(e) for s, e in ours.reset.items()}, ours.output, ours.initial), \
+        convention + f"; the recurrent input {rec[0].name!r} as a Linear node on an edge back to the neuron"
+
+
+def _own_dynamics(m: FlexSN, dt: float | None) -> tuple[Dynamics, str]:
     """The module's spec as continuous-time dynamics (a `step` spec read as an Euler step of
     length ``dt``); scalar parameters replaced by their values, shaped ones kept as symbols.
     Returns the dynamics and a note on the convention used."""
@@ -913,6 +941,11 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
             else:
                 feature_in = _feature(shapes.shapes[tensors(n)[0]], steps, where)
                 add_node(n, _layer_node(m, feature_in, dt, where), srcs)
+                if isinstance(m, FlexSN) and m.spec.recurrent:  # its weight on an edge back to itself
+                    (name,), rec = sources[n], next(iter(m.spec.recurrent.values()))
+                    back = f"{name}.{rec.weight_name}"
+                    nodes[back] = nir.Linear(weight=getattr(m, rec.weight_name).detach().cpu().numpy().copy())
+                    edges.extend([(name, back), (back, name)])
         elif (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
                 (n.op == "call_method" and n.target == "add"):
             args = tensors(n)

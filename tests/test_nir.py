@@ -445,3 +445,41 @@ def test_an_imported_network_exports_again_after_training(tmp_path):
     again = from_nir(tmp_path / "trained.nir", dt=1e-3, backend="torch").to(DTYPE)
     want = net(x)
     assert want.sum() > 0 and torch.equal(again(x), want)
+
+
+RLIF_SCALED = """
+neuron: rlif_scaled
+parameters: {tau: 2.0, v_th: 1.0}
+states: {v: 0.0}
+recurrent:
+  r: {from: s}
+step:
+  h: v + (x + 2 * r - v) / tau
+  s: spike(h - v_th)
+  v: h * (1 - s)
+"""
+
+
+def test_a_recurrent_spec_exports_as_an_edge_back_and_runs_the_same(tmp_path):
+    """rlif (r = r_weight s[t-1] added to x) -> LIF plus a Linear node on an edge back to it; imported
+    with method="euler" at the same dt, the cycle runs step by step to the same spikes."""
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        net = torch.nn.Sequential(torch.nn.Linear(3, N), _zoo("rlif", sizes={"N": N})).to(DTYPE)
+    net = net.to(torch.get_default_device())
+    x = _rand(12, 2, 3, seed=25, scale=3.0)
+    graph = to_nir(net, x, dt=1.0)
+    assert sorted(graph.edges) == sorted([("input", "0"), ("0", "1"), ("1", "1.r_weight"), ("1.r_weight", "1"),
+                                          ("1", "output")])
+    assert np.array_equal(graph.nodes["1.r_weight"].weight, net[1].r_weight.detach().cpu().numpy())
+    nir.write(tmp_path / "rec.nir", graph)
+    back = from_nir(tmp_path / "rec.nir", dt=1.0, method="euler", backend="torch").to(DTYPE)
+    want = net(x)
+    assert want.sum() > 0
+    assert torch.equal(back(x), want)
+
+
+def test_a_recurrent_input_that_is_not_added_is_refused():
+    m = flexsn_dsl.loads(RLIF_SCALED, sizes={"N": N}, backend="torch")
+    with pytest.raises(NIRError, match="recurrent input 'r' is not added to its input 'x'"):
+        match_neuron(m, dt=1.0)
