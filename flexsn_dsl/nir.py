@@ -17,6 +17,7 @@ import json
 import math
 import operator
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -86,8 +87,12 @@ NEURONS: dict[str, NeuronKind] = {k.kind: k for k in (
 )}
 
 
-def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]]) -> str:
-    """The spec text of a NIR neuron kind; ``shapes`` gives the parameters that hold one value per neuron."""
+INPUT = re.compile(r"\bx\b")  # the input in the equations of NEURONS
+
+
+def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]], recurrent: bool = False) -> str:
+    """The spec text of a NIR neuron kind; ``shapes`` gives the parameters that hold one value per neuron;
+    ``recurrent`` adds ``rec = rec_weight · out[t-1]`` (the neuron's output fed back) to its input."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     lines = [f"neuron: nir_{kind.kind.lower()}", f"description: {json.dumps(kind.description)}", "inputs: [x]", "parameters:"]
@@ -97,8 +102,11 @@ def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]
             lines.append(f"  {name}: {{value: {index + 1}.0, shape: [{dims}]}}")
         else:
             lines.append(f"  {name}: 1.0")
-    lines += ["  dt: 1.0", "states:", *(f"  {s}: {init}" for s, init in kind.states),
-              "equations:", *(f"  {s}: {rhs}" for s, rhs in kind.equations), f"method: {method}"]
+    lines += ["  dt: 1.0", "states:", *(f"  {s}: {init}" for s, init in kind.states)]
+    if recurrent:
+        lines += ["recurrent:", f"  rec: {{from: {'s' if kind.spiking else 'v'}}}"]
+    drive = "(x + rec)" if recurrent else "x"
+    lines += ["equations:", *(f"  {s}: " + INPUT.sub(drive, rhs) for s, rhs in kind.equations), f"method: {method}"]
     if kind.spiking:
         lines += ["threshold: v >= v_threshold", "reset:", "  v: v_reset", "outputs: [s]"]
     else:
@@ -113,11 +121,14 @@ def _array(value: Any, what: str) -> np.ndarray:
     return array
 
 
-def _neuron(node: Any, name: str, dt: float, method: str, backend: str) -> FlexSN:
+def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback: Any = None) -> FlexSN:
     """A NIR neuron node as a FlexSN: uniform arrays become numbers (baked into the kernels),
-    the others parameters with the array's shape (one value per neuron)."""
+    the others parameters with the array's shape (one value per neuron). ``feedback``: the
+    Linear node of an edge from the neuron back to itself, run inside the neuron's kernel."""
     kind = NEURONS[type(node).__name__]
     params: dict[str, float | torch.Tensor] = {"dt": dt}
+    if feedback is not None:
+        params["rec_weight"] = _tensor(feedback.weight)
     shapes: dict[str, tuple[int, ...]] = {}
     for p in kind.params:
         array = _array(getattr(node, p), f"node {name!r}: parameter {p!r}")
@@ -134,7 +145,8 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str) -> FlexS
             raise NIRError(f"node {name!r}: tau_syn equals tau_mem for {int(same.sum())} neuron(s), where the exact "
                            "per-neuron propagator divides by tau_syn - tau_mem; import it with method='rk4' "
                            "(or give every neuron the same two time constants)")
-    return loads(neuron_spec(kind, method, shapes), params=params, backend=backend, filename=f"<nir {kind.kind}>")
+    return loads(neuron_spec(kind, method, shapes, feedback is not None), params=params, backend=backend,
+                 filename=f"<nir {kind.kind}>")
 
 
 # -- the other nodes as torch modules ------------------------------------------------------
@@ -278,12 +290,12 @@ def _delay(node: Any, name: str, dt: float) -> Delay:
     return Delay(torch.tensor(steps.astype(np.int64)))
 
 
-def _layer(node: Any, name: str, dt: float, method: str, backend: str) -> nn.Module | None:
+def _layer(node: Any, name: str, dt: float, method: str, backend: str, feedback: Any = None) -> nn.Module | None:
     """The module of one node; None for Input, Output and Identity (pass-through)."""
     nir = _nir()
     kind = type(node).__name__
     if kind in NEURONS:
-        return _neuron(node, name, dt, method, backend)
+        return _neuron(node, name, dt, method, backend, feedback)
     if isinstance(node, (nir.Input, nir.Output)) or kind == "Identity":
         return None
     if isinstance(node, nir.Affine):
@@ -373,9 +385,11 @@ class NIRNetwork(nn.Module):
     """
 
     def __init__(self, names: list[str], modules: dict[str, nn.Module | None], edges: list[tuple[str, str]],
-                 inputs: list[str], outputs: list[str]):
+                 inputs: list[str], outputs: list[str], folded: dict[str, str] | None = None):
         super().__init__()
         self.names = {name: f"node{i}" for i, name in enumerate(names)}
+        self.folded = dict(folded or {})  # neuron -> the Linear of its feedback loop, now the neuron's rec_weight
+        self.names.update({linear: self.names[neuron] for neuron, linear in self.folded.items()})
         self.nodes = nn.ModuleDict({self.names[n]: m for n, m in modules.items() if m is not None})
         self._inputs, self._outputs = inputs, outputs
         self._preds: dict[str, list[str]] = {n: [] for n in names}
@@ -462,17 +476,45 @@ def _network(graph: Any, dt: float, method: str, backend: str, prefix: str = "")
         for end in (a, b):
             if end not in graph.nodes:
                 raise NIRError(f"edge ({prefix}{a!r}, {prefix}{b!r}) names node {end!r}, which the graph does not have")
-    modules = {n: _layer(graph.nodes[n], prefix + n, dt, method, backend) for n in names}
+    edges = [(str(a), str(b)) for a, b in graph.edges]
+    folded = _feedback_loops(graph, edges)
+    edges = [(a, b) for a, b in edges if folded.get(a) != b and folded.get(b) != a]
+    names = [n for n in names if n not in folded.values()]
+    modules = {n: _layer(graph.nodes[n], prefix + n, dt, method, backend,
+                         graph.nodes[folded[n]] if n in folded else None) for n in names}
     inputs = [n for n in names if isinstance(graph.nodes[n], nir.Input)]
     outputs = [n for n in names if isinstance(graph.nodes[n], nir.Output)]
     if not inputs or not outputs:
         raise NIRError(f"the graph {prefix or ''}needs an Input and an Output node (it has "
                        f"{len(inputs)} and {len(outputs)})")
-    edges = [(str(a), str(b)) for a, b in graph.edges]
     for a, b in edges:
         if b in inputs:
             raise NIRError(f"edge ({a!r}, {b!r}) leads into the Input node {b!r}")
-    return NIRNetwork(names, modules, edges, inputs, outputs)
+    return NIRNetwork(names, modules, edges, inputs, outputs, folded)
+
+
+def _feedback_loops(graph: Any, edges: list[tuple[str, str]]) -> dict[str, str]:
+    """Spiking neuron node -> a Linear node on an edge from it back to it and nothing else (snnTorch's
+    RLeaky): that loop runs inside the neuron's fused kernel (language v2, recurrent inputs)."""
+    nir = _nir()
+    preds: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    succs: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    for a, b in edges:
+        preds[b].append(a)
+        succs[a].append(b)
+    found: dict[str, str] = {}
+    for n, node in graph.nodes.items():
+        kind = NEURONS.get(type(node).__name__)
+        if kind is None or not kind.spiking or len(node.output_type["output"]) != 1:
+            continue
+        size = int(node.output_type["output"][0])
+        for p in preds[n]:
+            linear = graph.nodes[p]
+            if (type(linear) is nir.Linear and preds[p] == [n] and succs[p] == [n] and p not in found.values()
+                    and np.shape(linear.weight) == (size, size)):
+                found[n] = p
+                break
+    return found
 
 
 def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str = "auto") -> NIRNetwork:
@@ -983,7 +1025,13 @@ def _export_network(net: NIRNetwork, sample_input: torch.Tensor, dt: float | Non
         for m, states, seqs in saved:
             m.states, m.state_seqs = states, seqs
     nodes: dict[str, Any] = {}
+    edges = [(a, b) for b, preds in net._preds.items() for a in preds]
+    for neuron, linear in net.folded.items():
+        nodes[linear] = nir.Linear(weight=net.node(neuron).rec_weight.detach().cpu().numpy().copy())
+        edges += [(neuron, linear), (linear, neuron)]
     for name, key in net.names.items():
+        if name in nodes:
+            continue
         if name in net._inputs:
             nodes[name] = nir.Input(input_type=np.array(_feature(tuple(sample_input.shape), steps, name)))
         elif name in net._outputs:
@@ -991,8 +1039,7 @@ def _export_network(net: NIRNetwork, sample_input: torch.Tensor, dt: float | Non
         elif key not in net.nodes or isinstance(net.nodes[key], NIRNetwork):
             raise NIRError(f"node {name!r}: an identity or a subgraph, which to_nir does not write back")
         else:
-            nodes[name] = _layer_node(net.nodes[key], _feature(feature.get(key), steps, name), dt, f"node {name!r}")
-    edges = [(a, b) for b, preds in net._preds.items() for a in preds]
+            nodes[name] = _layer_node(net.nodes[key], feature[key][2:], dt, f"node {name!r}")  # [T, B, ...]
     return nir.NIRGraph(nodes=nodes, edges=edges)
 
 

@@ -21,6 +21,16 @@ DTYPE = torch.float64
 BACKENDS = ["torch", "triton"]
 
 
+@pytest.fixture(autouse=True)
+def _float64_modules():
+    """from_nir builds its layers in torch's default dtype, as nn.Linear does: float64 here, so that the
+    graphs' float64 arrays arrive unrounded."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPE)
+    yield
+    torch.set_default_dtype(old)
+
+
 def _rand(*shape, seed=0, scale=1.0):
     """Random numbers drawn on the CPU (the same values on any machine), on the default device."""
     g = torch.Generator().manual_seed(seed)
@@ -193,15 +203,22 @@ def test_conv2d_graph():
     assert torch.equal(out, want)
 
 
-def test_recurrent_graph_runs_step_by_step():
-    """snnTorch's RLeaky pattern: lif -> w_rec -> lif; the recurrent edge carries the last step's spikes."""
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fused", [True, False])
+def test_recurrent_graph(fused, backend):
+    """snnTorch's RLeaky pattern: lif -> w_rec -> lif; the recurrent edge carries the last step's spikes.
+    A Linear on the loop runs inside the neuron's kernel (its rec_weight); an Affine (here with zero bias)
+    is not folded, and the cycle runs step by step."""
     lif = _lif()
     w_rec = _np(N, N, seed=13, low=-0.5, high=0.5)
+    loop = nir.Linear(weight=w_rec) if fused else nir.Affine(weight=w_rec, bias=np.zeros(N))
     graph = nir.NIRGraph(nodes={"input": nir.Input(input_type=np.array([N])), "lif": lif,
-                                "w_rec": nir.Linear(weight=w_rec), "output": nir.Output(output_type=np.array([N]))},
+                                "w_rec": loop, "output": nir.Output(output_type=np.array([N]))},
                          edges=[("input", "lif"), ("lif", "w_rec"), ("w_rec", "lif"), ("lif", "output")])
     x = _rand(25, 2, N, seed=14, scale=2.0)
-    net, out = _run(graph, x, 1e-3, "euler")
+    net, out = _run(graph, x, 1e-3, "euler", backend)
+    assert (net.folded == {"lif": "w_rec"}) == fused
+    assert bool(net.node("lif").spec.recurrent) == fused
     # the reference: one LIF step at a time, fed x_t + W s_{t-1}
     spikes = []
     p = {k: _t(getattr(lif, k), x) for k in ("tau", "r", "v_leak", "v_threshold", "v_reset")}
@@ -216,6 +233,9 @@ def test_recurrent_graph_runs_step_by_step():
     assert torch.equal(out, want)
     net.reset()
     assert torch.equal(net(x), want)  # reset() forgets the neurons' states and the recurrent edge
+    exported = to_nir(net, x)  # the loop comes back as it was written
+    assert {("lif", "w_rec"), ("w_rec", "lif")} <= set(exported.edges)
+    assert type(exported.nodes["w_rec"]) is type(loop) and np.array_equal(exported.nodes["w_rec"].weight, w_rec)
 
 
 def test_delay_scale_threshold():
