@@ -402,7 +402,7 @@ def test_round_trip_through_a_file(backend, tmp_path):
         net = _Net(backend).to(DTYPE)
         with torch.no_grad():  # weights that make both layers spike, some neurons not always
             net.conv.weight.uniform_(-0.1, 0.4)
-            net.fc.weight.uniform_(-0.1, 0.5)
+            net.fc.weight.uniform_(-0.3, 0.3)
     net = net.to(torch.get_default_device())
     x = _rand(6, 2, 2, 4, 4, seed=20, scale=3.0)
     graph = to_nir(net, x)
