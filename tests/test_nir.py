@@ -137,6 +137,28 @@ def test_each_neuron_node_follows_nir_equations(kind, method):
     _check_node(_nodes()[kind], method)
 
 
+@pytest.mark.parametrize("method", ["exact", "euler"])
+@pytest.mark.parametrize("kind", ["LIF", "CubaLIF", "IF", "LI", "CubaLI", "I"])
+def test_per_neuron_parameter_arrays(kind, method):
+    node = _nodes(per_neuron=True)[kind]
+    net = from_nir(nir.NIRGraph.from_list(node), dt=1e-3)
+    neuron = next(m for m in net.modules() if isinstance(m, flexsn_dsl.FlexSN))
+    assert neuron.spec.shaped  # the arrays differ per neuron: parameters with a shape, not numbers
+    _check_node(node, method)
+
+
+def test_per_neuron_equal_time_constants_are_refused_for_exact():
+    """The exact per-neuron CUBA propagator divides by tau_syn - tau_mem: a neuron with the two equal is refused
+    (with the way out), not run into NaN."""
+    node = nir.CubaLIF(tau_syn=np.array([0.005, 0.01, 0.02]), tau_mem=np.full(3, 0.01), r=np.ones(3),
+                       v_leak=np.zeros(3), v_threshold=np.ones(3))
+    with pytest.raises(NIRError, match=r"tau_syn equals tau_mem for 1 neuron.*method='rk4'"):
+        from_nir(nir.NIRGraph.from_list(node), dt=1e-3)
+    x = _rand(10, 2, 3, seed=24)
+    out = from_nir(nir.NIRGraph.from_list(node), dt=1e-3, method="rk4", backend="torch").to(DTYPE)(x)
+    assert torch.isfinite(out).all()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_lif_on_both_backends(backend):
     _check_node(_nodes()["LIF"], "exact", backend, T=8, dt=5e-3)
