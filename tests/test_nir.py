@@ -525,3 +525,22 @@ def test_a_recurrent_input_that_is_not_added_is_refused():
     m = flexsn_dsl.loads(RLIF_SCALED, sizes={"N": N}, backend="torch")
     with pytest.raises(NIRError, match="recurrent input 'r' is not added to its input 'x'"):
         match_neuron(m, dt=1.0)
+
+
+def test_per_neuron_parameters_round_trip(tmp_path):
+    """lif_hetero (a step spec, one learnable tau per neuron) -> to_nir at dt = 1 (an LIF with one tau per
+    neuron, tau_nir = dt / (1 - exp(-dt / tau))) -> file -> from_nir with Euler steps: the same spikes."""
+    with torch.device("cpu"):
+        net = torch.nn.Sequential(torch.nn.Linear(3, N), _zoo("lif_hetero", params={
+            "tau": torch.tensor([1.5, 2.0, 3.0, 5.0, 8.0], dtype=DTYPE)})).to(DTYPE)
+    net = net.to(torch.get_default_device())
+    x = _rand(15, 2, 3, seed=26, scale=3.0)
+    graph = to_nir(net, x, dt=1.0)
+    tau = np.array([1.5, 2.0, 3.0, 5.0, 8.0])
+    np.testing.assert_allclose(graph.nodes["1"].tau, 1.0 / (1.0 - np.exp(-1.0 / tau)), rtol=1e-12)
+    nir.write(tmp_path / "hetero.nir", graph)
+    back = from_nir(tmp_path / "hetero.nir", dt=1.0, method="euler", backend="torch")
+    assert back.node("1").spec.shaped == ["tau"]
+    want = net(x)
+    assert want.sum() > 0 and (want == 0).sum() > 0
+    assert torch.equal(back(x), want)
