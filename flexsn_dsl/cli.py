@@ -345,7 +345,8 @@ def cmd_nir(args) -> int:
             module = load(args.spec, params=parse_params(args.param), backend="torch", plugins=args.plugin,
                           sizes=parse_sizes(args.size))
             shape = _shape(args.shape)
-            graph = nir_module.to_nir(module, torch_zeros(1, 2, *shape), dt=args.dt)
+            import torch
+            graph = nir_module.to_nir(module, torch.zeros(1, 2, *shape), dt=args.dt)
             nir.write(args.out, graph)
             kind = next(n for n in graph.nodes.values() if type(n).__name__ in nir_module.NEURONS)
             print(f"{module.spec.name} is NIR {type(kind).__name__}; written to {args.out}")
@@ -361,8 +362,10 @@ def cmd_nir(args) -> int:
         print(net)
         (name, node), = graph.inputs.items() if len(graph.inputs) == 1 else (("", None),)
         if node is not None and args.steps:
+            import torch
             shape = [int(n) for n in node.input_type["input"]]
-            out = net(torch_zeros(args.steps, 1, *shape))
+            with torch.no_grad():
+                out = net(torch.zeros(args.steps, 1, *shape))
             print(f"ran {args.steps} steps of zero input: output shape {list(out.shape)}, "
                   f"{float(out.sum()):g} summed")
         return 0
@@ -371,11 +374,6 @@ def cmd_nir(args) -> int:
     except (OSError, KeyError, ValueError, AssertionError) as exc:
         what = getattr(args, "file", None) or getattr(args, "out", None)
         raise SpecError(f"{what}: {type(exc).__name__}: {exc}", hint="give a NIR file written by nir.write") from None
-
-
-def torch_zeros(*shape: int):
-    import torch
-    return torch.zeros(shape)
 
 
 def _shape(text: str) -> list[int]:
