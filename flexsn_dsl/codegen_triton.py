@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import sympy
 
-from .autodiff import Backward, differentiate, name_spike_arguments
+from .autodiff import Backward, differentiate, name_spike_arguments, share_reciprocals
 from .ir import StepIR
 from .literals import identifier, number
 from .names import CORES, core_name
@@ -138,7 +138,7 @@ def _recurrent_entry(ir: StepIR, name: str, source: sympy.Symbol) -> tuple[str, 
 def build_cores(ir: StepIR) -> Cores:
     """The forward and backward cores of ``ir`` and their FlexSNInfo."""
     ir = name_spike_arguments(ir)
-    backward: Backward = differentiate(ir)
+    backward: Backward = share_reciprocals(differentiate(ir))
     p = Printer(TRITON)
     name = identifier(ir.name, keyword_ok=True)  # only a prefix: `class_forward_core` is fine
     forward_name, backward_name = (identifier(core_name(name, d)) for d in CORES)
