@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import sympy
+from sympy.logic.boolalg import BooleanFunction
 
 from .ir import StepIR
 from .plugins import X
-from .symbolic import Spike, differentiable_powers, plain_powers, real_symbol, substitute_surrogate
+from .symbolic import PowBaseGrad, PowExpGrad, Spike, differentiable_powers, plain_powers, real_symbol, substitute_surrogate
 
 
 @dataclass(frozen=True)
@@ -88,38 +89,90 @@ def differentiate(ir: StepIR) -> Backward:
     return Backward(saved, seeds, recompute, tuple(lines), results)
 
 
+def _decides(node: sympy.Basic) -> bool:
+    """Whether ``node`` turns its arguments into a branch decision: a condition, spike(), the
+    sign or step function of a derivative, a power with a symbolic exponent (signs, integrality)."""
+    decisions = (sympy.Rel, BooleanFunction, Spike, sympy.Heaviside, sympy.sign, PowBaseGrad, PowExpGrad)
+    return isinstance(node, decisions) or (isinstance(node, sympy.Pow) and not node.exp.is_number)
+
+
+def _arithmetic(expr: sympy.Expr):
+    """The nodes of ``expr`` outside decisions (:func:`_decides`), each once per place it occurs."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        if not _decides(node):
+            stack.extend(node.args)
+
+
+def _outside_decisions(expr: sympy.Expr, mapping: dict) -> sympy.Expr:
+    """``expr`` with the nodes in ``mapping`` replaced, except within decisions (:func:`_decides`)."""
+    if expr in mapping:
+        return mapping[expr]
+    if _decides(expr) or not expr.args:
+        return expr
+    args = [_outside_decisions(a, mapping) for a in expr.args]
+    return expr.func(*args) if any(a is not b for a, b in zip(args, expr.args)) else expr
+
+
 def share_reciprocals(backward: Backward) -> Backward:
-    """``backward`` with each forward value that its gradient lines divide by at more than one
-    place (``x / a``, ``y / a ** 2``) inverted once: a new first adjoint line ``a__inv = 1 / a``
-    (``_inv<k>`` for a compound ``a``), and those divisions multiplications (``x * a__inv``,
-    ``y * a__inv ** 2``). A division costs about ten instructions on a GPU, a multiplication
-    one; results change by float rounding only. The recomputed forward lines are left as they
-    are, so the backward sees the very values the forward computed."""
-    exprs = [e for _, e in backward.adjoints] + list(backward.results)
+    """``backward`` with each value that it divides by at more than one place (``x / a``,
+    ``y / a ** 2``) inverted once, ``a__inv = 1 / a`` (``_inv<k>`` for a compound ``a``), and
+    those divisions multiplications (``x * a__inv``, ``y * a__inv ** 2``): a division costs about
+    ten instructions on a GPU, a multiplication one. The recomputed forward values then differ
+    from the forward's by float rounding, except those that a branch decision of the backward
+    (a condition, spike(), sign()) depends on, and the decisions themselves: these stay the very
+    values the forward computed, so the backward takes the forward's branches."""
+    recompute = dict(backward.recompute)
+    exprs = list(recompute.values()) + [e for _, e in backward.adjoints] + list(backward.results)
+    kept = {s for e in exprs for n in sympy.preorder_traversal(e) if _decides(n) for s in n.free_symbols}
+    frontier = set(kept)
+    while frontier:  # the recomputed values those decisions depend on
+        frontier = {s for sym in frontier if sym in recompute for s in recompute[sym].free_symbols} - kept
+        kept |= frontier
+    rewritten = [e for s, e in backward.recompute if s not in kept] + exprs[len(recompute):]
     gradients = set(backward.seeds) | {s for s, _ in backward.adjoints}
     sites: dict[sympy.Expr, int] = {}
-    for expr in exprs:
-        for node in sympy.preorder_traversal(expr):
+    for expr in rewritten:
+        for node in _arithmetic(expr):
             if isinstance(node, sympy.Pow) and node.exp.is_Integer and node.exp < 0 and \
                     not node.base.is_number and not node.base.free_symbols & gradients:
                 sites[node.base] = sites.get(node.base, 0) + 1
     shared = sorted((b for b, n in sites.items() if n > 1), key=lambda b: (sympy.count_ops(b), sympy.default_sort_key(b)))
     if not shared:
         return backward
-    taken = {s.name for e in exprs for s in e.free_symbols} | {s.name for s, _ in backward.recompute}
-    names, compound = {}, 0
+    taken = {s.name for e in exprs for s in e.free_symbols} | set(map(str, recompute))
+    inverse, compound = {}, 0
     for base in shared:
         if base.is_Symbol and f"{base.name}__inv" not in taken:
-            names[base] = f"{base.name}__inv"
+            inverse[base] = real_symbol(f"{base.name}__inv")
         else:
             compound += 1
-            names[base] = f"_inv{compound}"
-    inverse = {b: real_symbol(n) for b, n in names.items()}
-    mapping = {node: inverse[node.base] ** -node.exp for expr in exprs for node in sympy.preorder_traversal(expr)
+            inverse[base] = real_symbol(f"_inv{compound}")
+    mapping = {node: inverse[node.base] ** -node.exp for expr in rewritten for node in _arithmetic(expr)
                if isinstance(node, sympy.Pow) and node.base in inverse and node.exp.is_Integer and node.exp < 0}
-    lines = [(inverse[b], sympy.Pow(b.xreplace(mapping), -1)) for b in shared]
-    adjoints = tuple(lines) + tuple((s, e.xreplace(mapping)) for s, e in backward.adjoints)
-    return replace(backward, adjoints=adjoints, results=tuple(r.xreplace(mapping) for r in backward.results))
+    pending = {inverse[b]: sympy.Pow(_outside_decisions(b, mapping), -1) for b in shared}
+    lines: list[tuple[sympy.Symbol, sympy.Expr]] = []
+
+    def define(used: set) -> None:
+        """The pending reciprocals in ``used``, each after those its own definition uses."""
+        for r in sorted(used & set(pending), key=lambda r: r.name):
+            if r in pending:
+                value = pending.pop(r)
+                define(value.free_symbols)
+                lines.append((r, value))
+    for sym, expr in backward.recompute:  # each reciprocal just before the first line that uses it
+        if sym not in kept:
+            expr = _outside_decisions(expr, mapping)
+            define(expr.free_symbols)
+        lines.append((sym, expr))
+    recomputed = len(lines)
+    define(set(pending))
+    adjoints = lines[recomputed:] + [(s, _outside_decisions(e, mapping)) for s, e in backward.adjoints]
+    lines = lines[:recomputed]
+    return replace(backward, recompute=tuple(lines), adjoints=tuple(adjoints),
+                   results=tuple(_outside_decisions(r, mapping) for r in backward.results))
 
 
 def partial(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:

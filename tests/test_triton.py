@@ -369,3 +369,39 @@ def test_shared_denominators_are_inverted_once():
     assert grads[0][2].item() == pytest.approx(numeric.item(), rel=1e-6)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+# A spike and a condition on values divided by the shared denominator d.
+DECISIONS = """
+neuron: branches
+inputs: [x]
+states:
+  v: 0.5
+step:
+  d: 1 + v * v
+  s: spike(x / d - 0.5)
+  v: where(v / d > 0.2, x / d + v / d ** 2, x * v / d) * (1 - s)
+outputs: [s, v]
+"""
+
+
+def test_branch_decisions_of_the_backward_are_the_forwards():
+    """With shared reciprocals, the backward still decides its branches on the values the forward
+    decided on (the spike argument and the condition divide as the forward does), and its
+    gradients match the torch backend's autograd (float64)."""
+    cores = compile_spec(text=DECISIONS).cores.source
+    forward = cores[cores.index("def branches_forward_core("):cores.index("def branches_backward_core(")]
+    backward = cores[cores.index("def branches_backward_core("):]
+    spike_argument = next(line for line in forward.splitlines() if line.strip().startswith("s__u ="))
+    assert spike_argument in backward.splitlines() and "/ d" in spike_argument
+    assert "v / d > 0.2" in backward and "d__inv = 1.0 / d\n" in backward
+    torch.manual_seed(0)
+    x = (torch.rand(6, 5, dtype=torch.float64) * 2).requires_grad_()
+    results = []
+    for backend in ("triton", "torch"):
+        m = flexsn_dsl.loads(DECISIONS, backend=backend).double()
+        s, v = m(x)
+        results.append([s, v, *torch.autograd.grad((s * 3 + v * v).sum(), [x])])
+    assert 0 < results[0][0].sum() < results[0][0].numel()  # both branches of the spike are taken
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
