@@ -18,7 +18,7 @@ from sympy.logic.boolalg import BooleanFunction
 
 from .ir import StepIR
 from .plugins import X
-from .symbolic import PowBaseGrad, PowExpGrad, Spike, differentiable_powers, plain_powers, real_symbol, substitute_surrogate
+from .symbolic import PowBaseGrad, PowExpGrad, Reciprocal, Spike, differentiable_powers, plain_powers, real_symbol, substitute_surrogate
 
 
 @dataclass(frozen=True)
@@ -96,23 +96,29 @@ def _decides(node: sympy.Basic) -> bool:
     return isinstance(node, decisions) or (isinstance(node, sympy.Pow) and not node.exp.is_number)
 
 
+def _opaque(node: sympy.Basic) -> bool:
+    """Whether the arguments of ``node`` are left as they are: those of decisions (:func:`_decides`)
+    and of functions (exp(1 / tau) in the backward stays the forward's, one exp for both)."""
+    return _decides(node) or (isinstance(node, sympy.Function) and not isinstance(node, sympy.Piecewise))
+
+
 def _arithmetic(expr: sympy.Expr):
-    """The nodes of ``expr`` outside decisions (:func:`_decides`), each once per place it occurs."""
+    """The nodes of ``expr`` outside the arguments of :func:`_opaque` nodes, each once per place it occurs."""
     stack = [expr]
     while stack:
         node = stack.pop()
         yield node
-        if not _decides(node):
+        if not _opaque(node):
             stack.extend(node.args)
 
 
-def _outside_decisions(expr: sympy.Expr, mapping: dict) -> sympy.Expr:
-    """``expr`` with the nodes in ``mapping`` replaced, except within decisions (:func:`_decides`)."""
+def _outside(expr: sympy.Expr, mapping: dict) -> sympy.Expr:
+    """``expr`` with the nodes in ``mapping`` replaced, except within the arguments of :func:`_opaque` nodes."""
     if expr in mapping:
         return mapping[expr]
-    if _decides(expr) or not expr.args:
+    if _opaque(expr) or not expr.args:
         return expr
-    args = [_outside_decisions(a, mapping) for a in expr.args]
+    args = [_outside(a, mapping) for a in expr.args]
     return expr.func(*args) if any(a is not b for a, b in zip(args, expr.args)) else expr
 
 
@@ -152,7 +158,7 @@ def share_reciprocals(backward: Backward) -> Backward:
             inverse[base] = real_symbol(f"_inv{compound}")
     mapping = {node: inverse[node.base] ** -node.exp for expr in rewritten for node in _arithmetic(expr)
                if isinstance(node, sympy.Pow) and node.base in inverse and node.exp.is_Integer and node.exp < 0}
-    pending = {inverse[b]: sympy.Pow(_outside_decisions(b, mapping), -1) for b in shared}
+    pending = {inverse[b]: Reciprocal(_outside(b, mapping)) for b in shared}
     lines: list[tuple[sympy.Symbol, sympy.Expr]] = []
 
     def define(used: set) -> None:
@@ -164,15 +170,15 @@ def share_reciprocals(backward: Backward) -> Backward:
                 lines.append((r, value))
     for sym, expr in backward.recompute:  # each reciprocal just before the first line that uses it
         if sym not in kept:
-            expr = _outside_decisions(expr, mapping)
+            expr = _outside(expr, mapping)
             define(expr.free_symbols)
         lines.append((sym, expr))
     recomputed = len(lines)
     define(set(pending))
-    adjoints = lines[recomputed:] + [(s, _outside_decisions(e, mapping)) for s, e in backward.adjoints]
+    adjoints = lines[recomputed:] + [(s, _outside(e, mapping)) for s, e in backward.adjoints]
     lines = lines[:recomputed]
     return replace(backward, recompute=tuple(lines), adjoints=tuple(adjoints),
-                   results=tuple(_outside_decisions(r, mapping) for r in backward.results))
+                   results=tuple(_outside(r, mapping) for r in backward.results))
 
 
 def partial(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:

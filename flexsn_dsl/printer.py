@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import sympy
 from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
 from .literals import identifier, number
-from .symbolic import Detach, PowBaseGrad, PowExpGrad, Sigmoid, Spike, SurrogateGrad
+from .symbolic import Detach, PowBaseGrad, PowExpGrad, Reciprocal, Sigmoid, Spike, SurrogateGrad
 
 ATOM, POW, UNARY, MUL, ADD, CMP, AND, OR = 100, 60, 50, 40, 30, 20, 15, 10
 
@@ -22,6 +22,7 @@ class Dialect:
     spike: str                           # template of the Heaviside forward
     detach: str                          # template of detach
     scalar_where: Callable[[str, str, str, str], str]  # (cond, a, b, like) -> source
+    helpers: Mapping[type, str] = field(default_factory=dict)  # sympy function -> the helper its template calls
 
 
 def _torch_scalar_where(cond: str, a: str, b: str, like: str) -> str:
@@ -36,7 +37,7 @@ TORCH = Dialect(
     name="torch",
     functions={sympy.exp: "torch.exp({0})", sympy.log: "torch.log({0})", sympy.Abs: "torch.abs({0})",
                sympy.sin: "torch.sin({0})", sympy.cos: "torch.cos({0})", sympy.tanh: "torch.tanh({0})",
-               Sigmoid: "torch.sigmoid({0})", sympy.sign: "torch.sign({0})", sympy.atan: "torch.atan({0})",
+               Sigmoid: "torch.sigmoid({0})", sympy.sign: "torch.sign({0})", Reciprocal: "torch.reciprocal({0})", sympy.atan: "torch.atan({0})",
                sympy.erf: "torch.erf({0})", sympy.cosh: "torch.cosh({0})", sympy.sinh: "torch.sinh({0})"},
     where="torch.where({0}, {1}, {2})",
     spike="_spike({0})",
@@ -48,13 +49,34 @@ TRITON = Dialect(
     name="triton",
     functions={sympy.exp: "tl.exp({0})", sympy.log: "tl.log({0})", sympy.Abs: "tl.abs({0})",
                sympy.sin: "tl.sin({0})", sympy.cos: "tl.cos({0})", sympy.tanh: "(2.0 * tl.sigmoid(2.0 * ({0})) - 1.0)",
-               Sigmoid: "tl.sigmoid({0})", sympy.atan: "libdevice.atan({0})", sympy.erf: "tl.erf({0})",
+               Sigmoid: "tl.sigmoid({0})", Reciprocal: "_reciprocal({0})", sympy.atan: "libdevice.atan({0})", sympy.erf: "tl.erf({0})",
                sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (tl.exp({0}) - tl.exp(-({0}))))"},
     where="tl.where({0}, {1}, {2})",
     spike="_heaviside({0})",
     detach="{0}",
     scalar_where=_triton_scalar_where,
+    helpers={Reciprocal: "_reciprocal"},
 )
+
+# Triton helpers for single PTX instructions: float32 in compiled kernels only (the interpreter has no
+# inline assembly), the generic expression otherwise.
+_INSTRUCTION_HELPERS = {
+    "_reciprocal": '''from flexsn_dsl.triton_runtime import interpreting  # noqa: E402
+
+_GPU = tl.constexpr(not interpreting())  # compiled, not run by Triton's interpreter
+
+
+@triton.jit
+def _reciprocal(x):
+    """1 / x. Float32 compiled for the GPU: rcp.approx.ftz (within 1 ulp; inf for |x| < 2 ** -126,
+    0 for |x| > 2 ** 126), one instruction where a division is about ten; else a division."""
+    if _GPU and x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return 1.0 / x
+''',
+}
 
 MAX_SQUARING_EXPONENT = 2 ** 53  # integer powers up to this by repeated squaring; above, floats are even
 
@@ -125,8 +147,10 @@ class Printer:
         the general power and its derivatives (each once, in this fixed order)."""
         squares = sorted(h for h in self.helpers if isinstance(h, int))
         named = [h for h in _POW_HELPERS if h in self.helpers]
+        instructions = [h for h in _INSTRUCTION_HELPERS if h in self.helpers]
         return "".join(_squaring_helper(n) + "\n\n" for n in squares) + \
-            "".join(_POW_HELPERS[h] + "\n\n" for h in named)
+            "".join(_POW_HELPERS[h] + "\n\n" for h in named) + \
+            "".join(_INSTRUCTION_HELPERS[h] + "\n\n" for h in instructions)
 
     def __call__(self, expr) -> str:
         return self._print(sympy.sympify(expr), 0)
@@ -181,6 +205,8 @@ class Printer:
             return self._piecewise(sympy.Piecewise((1, x > 0), (sympy.Piecewise((-1, x < 0), (0, True)), True)),
                                    fold=False)
         if isinstance(e, sympy.Function) and e.func in self.dialect.functions:
+            if e.func in self.dialect.helpers:
+                self.helpers.add(self.dialect.helpers[e.func])
             args = [self._print(a, 0) for a in e.args]
             return self.dialect.functions[e.func].format(*args)
         raise ValueError(f"cannot print {type(e).__name__} ({e}) for {self.dialect.name}")

@@ -70,6 +70,17 @@ class Sigmoid(sympy.Function):
         return self * (1 - self)
 
 
+class Reciprocal(sympy.Function):
+    """``1 / u`` as one reciprocal instruction where the target has one (a shared denominator of the
+    backward, :func:`flexsn_dsl.autodiff.share_reciprocals`)."""
+
+    nargs = 1
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        return -self ** 2
+
+
 class GeneralPow(sympy.Function):
     """``b ** e`` with a symbolic exponent, while it is differentiated: its derivatives are
     :class:`PowBaseGrad` and :class:`PowExpGrad` (torch's, where sympy's ``e * b**e / b`` and

@@ -4,6 +4,7 @@ torch.compile(fullgraph=True) around the custom operators, and the bench command
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -343,8 +344,8 @@ def test_shared_denominators_are_inverted_once():
     finite differences (gradcheck) and the torch backend's autograd (float64)."""
     source = compile_spec(text=SHARED_DENOMINATORS).triton_source
     backward = source[source.index("def shared_backward_core("):source.index("def shared_inference_kernel(")]
-    assert "d__inv = 1.0 / d\n" in backward and len(re.findall(r"/ d\b", backward)) == 1
-    assert "_inv1 = 1.0 / (2.0 + tl.exp(-v))\n" in backward and backward.count("/ (") == 1
+    assert "d__inv = _reciprocal(d)\n" in backward and not re.findall(r"/ d\b", backward)
+    assert "_inv1 = _reciprocal(2.0 + tl.exp(-v))\n" in backward and "/ (" not in backward
     assert "/ _pow_" not in backward  # powers of a denominator are powers of its reciprocal
     torch.manual_seed(0)
     x = (torch.rand(5, 4, dtype=torch.float64) * 2 - 1).requires_grad_()
@@ -394,7 +395,7 @@ def test_branch_decisions_of_the_backward_are_the_forwards():
     backward = cores[cores.index("def branches_backward_core("):]
     spike_argument = next(line for line in forward.splitlines() if line.strip().startswith("s__u ="))
     assert spike_argument in backward.splitlines() and "/ d" in spike_argument
-    assert "v / d > 0.2" in backward and "d__inv = 1.0 / d\n" in backward
+    assert "v / d > 0.2" in backward and "d__inv = _reciprocal(d)\n" in backward
     torch.manual_seed(0)
     x = (torch.rand(6, 5, dtype=torch.float64) * 2).requires_grad_()
     results = []
@@ -405,3 +406,36 @@ def test_branch_decisions_of_the_backward_are_the_forwards():
     assert 0 < results[0][0].sum() < results[0][0].numel()  # both branches of the spike are taken
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+COMPILE_FOR_GPU = """
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from flexsn_dsl.compiler import compile_spec
+fn = compile_spec(text=sys.stdin.read()).triton_module().shared_backward_kernel
+signature = {a: "*fp32" for a in fn.arg_names}
+signature.update(_T="i32", _N="i32")
+constants = dict(_BLOCK=128, _DTYPE=tl.float32, _STAGES=1, _HAS_STATE_GRADS=False, _HAS_FINAL_GRADS=False,
+                 _WRITE_INIT_GRADS=False)
+signature.update({name: "constexpr" for name in constants})
+kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 4})  # one neuron per thread
+print(kernel.asm["ptx"])
+"""
+
+
+def test_shared_reciprocals_compile_to_one_instruction_each(tmp_path):
+    """Compiled for an NVIDIA GPU (offline, Triton's own toolchain), the float32 backward computes each
+    shared reciprocal with rcp.approx.ftz and divides nowhere else (the interpreter runs 1.0 / x)."""
+    pytest.importorskip("triton.backends.nvidia")
+    import subprocess
+    import sys
+    env = dict(os.environ, TRITON_INTERPRET="0", FLEXSN_DSL_CACHE=str(tmp_path), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU], input=SHARED_DENOMINATORS, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ptx = done.stdout
+    assert ptx.count("rcp.approx.ftz.f32") == 2  # d and 2 + exp(-v), once each (one neuron per thread)
+    assert "div.full.f32" not in ptx and "div.rn.f32" not in ptx
