@@ -1,0 +1,132 @@
+"""Instructions per neuron-step of a spec's training kernels, compiled offline (no GPU needed).
+
+The forward (training) and backward kernels are compiled for an NVIDIA target with Triton's own
+toolchain (its bundled ptxas and nvdisasm); the instructions of the time loop (the largest loop of
+the SASS) are counted by kind and divided by the neurons one thread handles per iteration. From the
+counts, an ALU floor: every instruction issues at one warp instruction per clock per SM sub-partition
+(4 per SM), MUFU (exp2, reciprocal) at 16 lanes per clock per SM; the larger of the two bounds a kernel.
+
+    python benchmarks/isa_count.py neurons/hh.yaml [-T 64] [-n 1048576] [--block 1024 --warps 4]
+
+Defaults: the H200 (sm_90, 132 SMs, 1.98 GHz) and the launch the runtime picks for a large
+population (1024-neuron blocks of 4 warps, 2 pipelining stages). A benchmark, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU target, before flexsn_dsl or triton is imported
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # what an unset knob means in Triton 3.9, without its warning
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from flexsn_dsl.compiler import compile_spec  # noqa: E402
+from flexsn_dsl.names import kernel_name  # noqa: E402
+
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+FLAGS = {"_CONST_INIT": True, "_HAS_STATE_GRADS": False, "_HAS_FINAL_GRADS": False, "_WRITE_INIT_GRADS": False}
+INTEGERS = ("__inner", "__size", "__split")
+
+
+def compile_kernel(module, variant: str, arch: int, block: int, warps: int, stages: int):
+    """One kernel variant of a generated module, compiled for sm_<arch> with float32 tensors."""
+    fn = getattr(module, kernel_name(module.INFO.neuron, variant))
+    signature, constants, attrs = {}, {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        given = {"_BLOCK": block, "_DTYPE": tl.float32, "_STAGES": stages, **FLAGS}
+        if arg in given:
+            signature[arg], constants[arg] = "constexpr", given[arg]
+        elif arg in ("_T", "_N") or arg.endswith(INTEGERS):
+            signature[arg] = "i32"
+        else:
+            signature[arg] = "*fp32"
+        if signature[arg] == "*fp32" or arg == "_N":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = triton.compiler.ASTSource(fn, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+
+
+def _tool(name: str, flag: str, cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(TOOLS / name), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def registers(cubin: bytes) -> str:
+    """Registers per thread and stack bytes (spills) of the kernel."""
+    found = re.search(r"REG:(\d+) STACK:(\d+)", _tool("cuobjdump", "-res-usage", cubin))
+    return f"{found.group(1)} registers, {found.group(2)} B stack" if found else "registers unknown"
+
+
+def loop_counts(cubin: bytes) -> collections.Counter:
+    """Instructions of the largest loop of the SASS (the time loop), by opcode with modifiers."""
+    lines = _tool("nvdisasm", "-c", cubin).splitlines()
+    labels = {line[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\.L_x_\d+:", line)}
+    loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
+             if (m := re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
+    first, last = max(loops, key=lambda span: span[1] - span[0])
+    counts = collections.Counter()
+    for line in lines[first:last + 1]:
+        if m := re.match(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_.]+)?)", line):
+            counts[m.group(1)] += 1
+    return counts
+
+
+def kinds(counts: collections.Counter) -> dict[str, int]:
+    """Counts grouped: MUFU by function, the float pipes by opcode, memory, everything else."""
+    groups = collections.Counter()
+    for op, n in counts.items():
+        base = op.split(".")[0]
+        if base == "MUFU":
+            groups[op] += n
+        elif base in ("FFMA", "FMUL", "FADD", "FSEL", "FSETP", "FMNMX"):
+            groups[base] += n
+        elif base in ("LDG", "STG", "LDGSTS", "LDS"):
+            groups["memory"] += n
+        else:
+            groups["other"] += n
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec")
+    parser.add_argument("-T", type=int, default=64)
+    parser.add_argument("-n", type=int, default=1 << 20)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for the H100/H200")
+    parser.add_argument("--sms", type=int, default=132)
+    parser.add_argument("--ghz", type=float, default=1.98)
+    parser.add_argument("--block", type=int, default=1024)
+    parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=2)
+    args = parser.parse_args()
+    module = compile_spec(args.spec).triton_module()
+    per_thread = args.block // (32 * args.warps)
+    steps = args.T * args.n
+    total = 0.0
+    for variant in ("forward", "backward"):
+        kernel = compile_kernel(module, variant, args.arch, args.block, args.warps, args.stages)
+        counts = loop_counts(kernel.asm["cubin"])
+        per_step = sum(counts.values()) / per_thread
+        mufu = sum(n for op, n in counts.items() if op.startswith("MUFU")) / per_thread
+        issue_ms = steps * per_step / (args.sms * 4 * 32 * args.ghz * 1e9) * 1e3
+        mufu_ms = steps * mufu / (args.sms * 16 * args.ghz * 1e9) * 1e3
+        total += max(issue_ms, mufu_ms)
+        detail = ", ".join(f"{k} {v / per_thread:.1f}" for k, v in kinds(counts).items())
+        print(f"{variant:>8}: {per_step:6.1f} instructions per neuron-step ({detail}); "
+              f"{registers(kernel.asm['cubin'])}")
+        print(f"{'':>10}ALU floor at T={args.T}, n={args.n}: issue {issue_ms:.3f} ms, MUFU {mufu_ms:.3f} ms")
+    print(f"training ALU floor (forward + backward): {total:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
