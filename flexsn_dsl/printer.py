@@ -47,7 +47,7 @@ TORCH = Dialect(
 
 TRITON = Dialect(
     name="triton",
-    functions={sympy.exp: "tl.exp({0})", sympy.log: "tl.log({0})", sympy.Abs: "tl.abs({0})",
+    functions={sympy.exp: "_exp({0})", sympy.log: "tl.log({0})", sympy.Abs: "tl.abs({0})",
                sympy.sin: "tl.sin({0})", sympy.cos: "tl.cos({0})", sympy.tanh: "(2.0 * tl.sigmoid(2.0 * ({0})) - 1.0)",
                Sigmoid: "tl.sigmoid({0})", Reciprocal: "_reciprocal({0})", sympy.atan: "libdevice.atan({0})", sympy.erf: "tl.erf({0})",
                sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (tl.exp({0}) - tl.exp(-({0}))))"},
@@ -55,18 +55,27 @@ TRITON = Dialect(
     spike="_heaviside({0})",
     detach="{0}",
     scalar_where=_triton_scalar_where,
-    helpers={Reciprocal: "_reciprocal"},
+    helpers={sympy.exp: "_exp", Reciprocal: "_reciprocal"},
 )
 
 # Triton helpers for single PTX instructions: float32 in compiled kernels only (the interpreter has no
 # inline assembly), the generic expression otherwise.
-_INSTRUCTION_HELPERS = {
-    "_reciprocal": '''from flexsn_dsl.triton_runtime import interpreting  # noqa: E402
+_GPU = '''from flexsn_dsl.triton_runtime import interpreting  # noqa: E402
 
 _GPU = tl.constexpr(not interpreting())  # compiled, not run by Triton's interpreter
-
-
-@triton.jit
+'''
+_INSTRUCTION_HELPERS = {
+    "_exp": '''@triton.jit
+def _exp(x):
+    """exp(x). Float32 compiled for the GPU: ex2.approx.ftz of x * log2(e), the instruction tl.exp
+    compiles to, without the guard that keeps results below 2 ** -126 (they flush to 0); else tl.exp."""
+    if _GPU and x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp(x)
+''',
+    "_reciprocal": '''@triton.jit
 def _reciprocal(x):
     """1 / x. Float32 compiled for the GPU: rcp.approx.ftz (within 1 ulp; inf for |x| < 2 ** -126,
     0 for |x| > 2 ** 126), one instruction where a division is about ten; else a division."""
@@ -150,7 +159,7 @@ class Printer:
         instructions = [h for h in _INSTRUCTION_HELPERS if h in self.helpers]
         return "".join(_squaring_helper(n) + "\n\n" for n in squares) + \
             "".join(_POW_HELPERS[h] + "\n\n" for h in named) + \
-            "".join(_INSTRUCTION_HELPERS[h] + "\n\n" for h in instructions)
+            (_GPU + "\n\n" if instructions else "") + "".join(_INSTRUCTION_HELPERS[h] + "\n\n" for h in instructions)
 
     def __call__(self, expr) -> str:
         return self._print(sympy.sympify(expr), 0)

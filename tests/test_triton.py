@@ -345,7 +345,7 @@ def test_shared_denominators_are_inverted_once():
     source = compile_spec(text=SHARED_DENOMINATORS).triton_source
     backward = source[source.index("def shared_backward_core("):source.index("def shared_inference_kernel(")]
     assert "d__inv = _reciprocal(d)\n" in backward and not re.findall(r"/ d\b", backward)
-    assert "_inv1 = _reciprocal(2.0 + tl.exp(-v))\n" in backward and "/ (" not in backward
+    assert "_inv1 = _reciprocal(2.0 + _exp(-v))\n" in backward and "/ (" not in backward
     assert "/ _pow_" not in backward  # powers of a denominator are powers of its reciprocal
     torch.manual_seed(0)
     x = (torch.rand(5, 4, dtype=torch.float64) * 2 - 1).requires_grad_()
@@ -426,9 +426,10 @@ print(kernel.asm["ptx"])
 """
 
 
-def test_shared_reciprocals_compile_to_one_instruction_each(tmp_path):
+def test_compiled_reciprocals_and_exponentials_are_one_instruction_each(tmp_path):
     """Compiled for an NVIDIA GPU (offline, Triton's own toolchain), the float32 backward computes each
-    shared reciprocal with rcp.approx.ftz and divides nowhere else (the interpreter runs 1.0 / x)."""
+    shared reciprocal with rcp.approx.ftz and divides nowhere else, and exp(-v) is ex2.approx.ftz
+    (the interpreter runs 1.0 / x and tl.exp)."""
     pytest.importorskip("triton.backends.nvidia")
     import subprocess
     import sys
@@ -439,3 +440,4 @@ def test_shared_reciprocals_compile_to_one_instruction_each(tmp_path):
     ptx = done.stdout
     assert ptx.count("rcp.approx.ftz.f32") == 2  # d and 2 + exp(-v), once each (one neuron per thread)
     assert "div.full.f32" not in ptx and "div.rn.f32" not in ptx
+    assert ptx.count("ex2.approx.ftz.f32") == 1 and "ex2.approx.f32" not in ptx  # exp(-v), once
