@@ -40,11 +40,12 @@ def compile_kernel(module, variant: str, arch: int, block: int, warps: int, stag
     """One kernel variant of a generated module, compiled for sm_<arch> with float32 tensors."""
     fn = getattr(module, kernel_name(module.INFO.neuron, variant))
     signature, constants, attrs = {}, {}, {}
+    # the tiled backward (learnable shaped parameters) walks tiles of _ROWS x _COLS = block neurons
+    given = {"_BLOCK": block, "_DTYPE": tl.float32, "_STAGES": stages, "_ROWS": block // 32, "_COLS": 32, **FLAGS}
     for i, arg in enumerate(fn.arg_names):
-        given = {"_BLOCK": block, "_DTYPE": tl.float32, "_STAGES": stages, **FLAGS}
         if arg in given:
             signature[arg], constants[arg] = "constexpr", given[arg]
-        elif arg in ("_T", "_N") or arg.endswith(INTEGERS):
+        elif arg in ("_T", "_N", "_P") or arg.endswith(INTEGERS):
             signature[arg] = "i32"
         else:
             signature[arg] = "*fp32"
