@@ -159,6 +159,32 @@ outputs: [u, v]
     return flexsn_dsl.loads(text, sizes={"N": n}, backend=backend).to(DTYPE)
 
 
+def test_non_spike_source_in_weight_slices_matches_torch_backend(monkeypatch):
+    """The value fed back is real (u = tanh(v)), read back from memory in four slices of the weight
+    (N = 45, padded to 64), two programs (18 rows), two calls: outputs, final states and the gradients
+    of both inputs, the weight and tau against the torch backend on the same weight, in float64."""
+    from flexsn_dsl import triton_recurrent
+    monkeypatch.setattr(triton_recurrent, "W_SLICE", 256)
+    torch.manual_seed(10)
+    ref, fused = _leaky_rnn(45, "torch"), _leaky_rnn(45, "triton")
+    fused.load_state_dict(ref.state_dict())
+    gen = _gen(11)
+    xs = [_normal(gen, t, 18, 45) for t in (5, 4)]
+    weights, results = None, []
+    for m in (ref, fused):
+        x1, x2 = (x.clone().requires_grad_(True) for x in xs)
+        outs = [*m(x1), *m(x2), m.states["v"], m.states["q_prev"]]  # u and v of both calls, final v, carried u
+        weights = weights or [_normal(gen, *o.shape) for o in outs]
+        sum((w * o).sum() for w, o in zip(weights, outs)).backward()
+        results.append((outs, (x1.grad, x2.grad, m.q_weight.grad, m.tau.grad)))
+    (want_outs, want_grads), (got_outs, got_grads) = results
+    for got, want in zip(got_outs, want_outs):
+        torch.testing.assert_close(got, want, **TOL)
+    for got, want in zip(got_grads, want_grads):
+        assert want.abs().sum() > 0
+        torch.testing.assert_close(got, want, **TOL)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_gradcheck_through_two_calls(backend):
     torch.manual_seed(2)
