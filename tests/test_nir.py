@@ -34,7 +34,7 @@ def _float64_modules():
 def _rand(*shape, seed=0, scale=1.0):
     """Random numbers drawn on the CPU (the same values on any machine), on the default device."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.rand(*shape, generator=g, dtype=DTYPE) * scale).to(torch.get_default_device())
+    return (torch.rand(*shape, generator=g, dtype=DTYPE, device="cpu") * scale).to(torch.get_default_device())
 
 
 def _np(*shape, seed=0, low=0.0, high=1.0):
