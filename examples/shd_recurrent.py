@@ -28,13 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def synthetic_shd(n: int, T: int, channels: int, classes: int, seed: int = 0):
     """``n`` samples [T, n, channels] of Bernoulli spikes from class rate patterns, and labels [n]."""
-    gen = torch.Generator().manual_seed(seed)
-    start = torch.rand(classes, channels, generator=gen) ** 4 * 0.3  # sparse, a few strong channels
-    end = torch.rand(classes, channels, generator=gen) ** 4 * 0.3
-    ramp = torch.linspace(0, 1, T)[:, None, None]
-    rates = (1 - ramp) * start + ramp * end  # [T, classes, channels]
-    labels = torch.randint(0, classes, (n,), generator=gen)
-    spikes = (torch.rand(T, n, channels, generator=gen) < rates[:, labels] + 0.01).float()
+    with torch.device("cpu"):  # drawn on the CPU: the same data whatever the default device
+        gen = torch.Generator().manual_seed(seed)
+        start = torch.rand(classes, channels, generator=gen) ** 4 * 0.3  # sparse, a few strong channels
+        end = torch.rand(classes, channels, generator=gen) ** 4 * 0.3
+        ramp = torch.linspace(0, 1, T)[:, None, None]
+        rates = (1 - ramp) * start + ramp * end  # [T, classes, channels]
+        labels = torch.randint(0, classes, (n,), generator=gen)
+        spikes = (torch.rand(T, n, channels, generator=gen) < rates[:, labels] + 0.01).float()
     return spikes, labels
 
 
@@ -57,12 +58,13 @@ def train(args) -> tuple[float, float, float]:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     x_all, y_all = synthetic_shd(args.samples, args.T, args.channels, args.classes, args.seed)
-    model = RecurrentSNN(args.channels, args.hidden, args.classes, args.backend).to(device)
+    with torch.device(device):
+        model = RecurrentSNN(args.channels, args.hidden, args.classes, args.backend)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     forward = torch.compile(model, fullgraph=True) if args.compile else model
     losses, acc = [], 0.0
     for step in range(args.steps):
-        idx = torch.randint(0, args.samples, (args.batch,))
+        idx = torch.randint(0, args.samples, (args.batch,), device="cpu")
         x, y = x_all[:, idx].to(device), y_all[idx].to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             logits = forward(x)

@@ -333,10 +333,10 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}_prev = {fed}"]
     lines += [f"{I2}{_store(f'{n}__out_ptr', v)}" for n, v in zip(info.output_names, info.output_vars)]
-    lines += [f"{I2}if _TRAIN:"]
-    lines += [f"{I2}{I1}{_store(f'{n}__saved_ptr', f'{n}__saved_t')}" for n in info.saved_names]
+    train = [_store(f"{n}__saved_ptr", f"{n}__saved_t") for n in info.saved_names]
     if ("input", info.input_names.index(r)) in info.c2k_return_mapping:  # the backward reads r
-        lines += [f"{I2}{I1}{_store(f'{r}__in_ptr', r)}"]
+        train.append(_store(f"{r}__in_ptr", r))
+    lines += [I1 + line for line in _if("_TRAIN", [I1 + line for line in train])]  # nothing when none is kept
     lines += [f"{I2}{p}_ptr += _step" for p in walking]
     lines += [f"{I2}_fed_rows = _fed_next", f"{I2}_fed_next += _step",
               f"{I2}tl.debug_barrier()  # the next step reads back what this step stored, across threads"]

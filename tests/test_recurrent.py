@@ -487,3 +487,39 @@ def test_equations_must_use_the_recurrent_input():
     with pytest.raises(SpecError, match="'r' is used nowhere in `equations`, `threshold` or `reset`") as info:
         flexsn_dsl.loads(text, sizes={"N": 4}, filename="ct.yaml")
     assert (info.value.line, info.value.col) == (6, 3)
+
+
+LEAKY_RNN = """\
+neuron: leaky_rnn
+parameters: {tau: 2.0}
+states: {v: 0.0}
+recurrent:
+  r: {from: v}
+step:
+  v: v + (x + r - v) / tau
+outputs: [v]
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_linear_recurrent_spec_that_keeps_nothing_for_the_backward(backend):
+    """A leaky RNN feeding back its state (linear: its backward reads no saved value) against the hand loop."""
+    N, B, T = 5, 3, 6
+    gen = _gen(11)
+    m = flexsn_dsl.loads(LEAKY_RNN, sizes={"N": N}, backend=backend).to(DTYPE)
+    with torch.no_grad():
+        m.r_weight.copy_(_normal(gen, N, N) * 0.3)
+    x = _uniform(gen, T, B, N).requires_grad_(True)
+    w = m.r_weight.detach().clone().requires_grad_(True)
+    v, ref = torch.zeros(B, N, dtype=DTYPE), []
+    for t in range(T):
+        v = v + (x[t] + v @ w.T - v) / 2.0
+        ref.append(v)
+    ref = torch.stack(ref)
+    g = _normal(gen, T, B, N)
+    y = m(x)
+    torch.testing.assert_close(y, ref, **TOL)
+    got = torch.autograd.grad(y, (x, m.r_weight), g)
+    want = torch.autograd.grad(ref, (x, w), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
