@@ -46,8 +46,8 @@ step:
 """
 
 
-def _atan_spike(u: torch.Tensor) -> torch.Tensor:
-    """Heaviside forward, SpikingJelly's atan surrogate (alpha=2) backward, by hand."""
+def _spike(u: torch.Tensor, surrogate) -> torch.Tensor:
+    """Heaviside forward, ``g * surrogate(u)`` backward, by hand."""
     class Fn(torch.autograd.Function):
         @staticmethod
         def forward(ctx, u):
@@ -57,8 +57,13 @@ def _atan_spike(u: torch.Tensor) -> torch.Tensor:
         @staticmethod
         def backward(ctx, g):
             (u,) = ctx.saved_tensors
-            return g * 1.0 / (1.0 + (math.pi / 2 * 2.0 * u) ** 2)
+            return g * surrogate(u)
     return Fn.apply(u)
+
+
+def _atan_spike(u: torch.Tensor) -> torch.Tensor:
+    """SpikingJelly's atan surrogate (alpha=2)."""
+    return _spike(u, lambda u: 1.0 / (1.0 + (math.pi / 2 * 2.0 * u) ** 2))
 
 
 def _rlif_loop(x, v, prev, w, tau, v_th=1.0):
@@ -242,18 +247,9 @@ def _lsnn_loop(x, w, p):
     return torch.stack(out), v, a
 
 
-def _triangle(u):
-    class Fn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, u):
-            ctx.save_for_backward(u)
-            return (u >= 0).to(u.dtype)
-
-        @staticmethod
-        def backward(ctx, g):
-            (u,) = ctx.saved_tensors
-            return g * torch.clamp(1.0 - u.abs(), min=0.0)  # triangle, alpha = 1
-    return Fn.apply(u)
+def _triangle(u: torch.Tensor) -> torch.Tensor:
+    """The triangle surrogate (alpha = 1)."""
+    return _spike(u, lambda u: torch.clamp(1.0 - u.abs(), min=0.0))
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
