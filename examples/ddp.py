@@ -222,9 +222,14 @@ def main(argv=None) -> int:
                 reference = copy.deepcopy(model)
                 if cuda:
                     reference = _plain_batchnorm(reference)
-            return check(args, model, reference, device, rank, world)
-        train(args, model, device, rank, world)
-        return 0
+            status = check(args, model, reference, device, rank, world)
+        else:
+            train(args, model, device, rank, world)
+            status = 0
+        # every rank's outstanding collectives end before any rank tears its group down (a rank that
+        # left early was aborted by gloo: "terminate called without an active exception")
+        dist.barrier()
+        return status
     finally:
         dist.destroy_process_group()
 
