@@ -5,8 +5,7 @@
   ``neurons/*.yaml``, the CLI reference from the argparse parser. Refresh them with
   ``PYTHONPATH=. python tests/test_docs.py``.
 - Every ```` ```yaml spec ```` block loads; every ```` ```yaml error ```` block fails with exactly
-  the error in the ```` ```text ```` block after it. A block marked ``requires=FEATURE`` is skipped,
-  with the reason, until that feature of the language is present (then it must run).
+  the error in the ```` ```text ```` block after it.
 """
 from __future__ import annotations
 
@@ -121,25 +120,6 @@ def test_the_function_table_lists_every_function_of_the_language():
 
 
 # -- examples ------------------------------------------------------------------------------------
-def _feature_present(feature: str) -> bool:
-    import flexsn_dsl
-    from flexsn_dsl import model
-    if feature in ("equations", "recurrent"):
-        return feature in model.TOP_LEVEL_KEYS
-    if feature == "shape":  # a parameter key: probe it (``sizes=`` alone may come with other features)
-        probe = "neuron: p\nparameters: {a: {value: 1.0, shape: [2]}}\nstates: {v: 0.0}\nstep: {s: spike(v + x - a)}\n"
-        try:
-            flexsn_dsl.loads(probe, backend="torch")
-        except flexsn_dsl.SpecError as exc:
-            return "unknown key 'shape'" not in exc.message
-        return True
-    raise ValueError(f"unknown feature {feature!r} in a docs example")
-
-
-ISSUES = {"equations": "continuous time, issue 10", "shape": "shaped parameters, issue 11",
-          "recurrent": "recurrent inputs, issue 16"}
-
-
 def _examples():
     """(id, kind, options, yaml text, expected error text or None) for every marked block."""
     out = []
@@ -171,9 +151,6 @@ def _load(text: str, options: dict):
 @pytest.mark.parametrize("kind, options, text, expected", _examples())
 def test_doc_examples(kind, options, text, expected):
     import flexsn_dsl
-    feature = options.get("requires")
-    if feature and not _feature_present(feature):
-        pytest.skip(f"needs `{feature}` ({ISSUES[feature]}), which is not in this version yet")
     if kind == "spec":
         m = _load(text, options)
         assert m.spec.name == yaml.safe_load(text)["neuron"]
@@ -182,17 +159,15 @@ def test_doc_examples(kind, options, text, expected):
         _load(text, options)
     got = info.value.format()
     assert got.startswith("spec.yaml:") and info.value.line is not None, got
-    if expected is not None:
-        assert got == expected.rstrip("\n"), got
-    else:
-        assert feature, "an error example without the expected text must be one for a newer feature"
+    assert expected is not None, "an error example is followed by the text of its error"
+    assert got == expected.rstrip("\n"), got
 
 
 def test_every_error_example_states_its_error():
     kinds = [p.values for p in _examples()]
     errors = [v for v in kinds if v[0] == "error"]
     assert len(errors) >= 25
-    assert all(expected is not None for _, options, _, expected in errors if "requires" not in options)
+    assert all(expected is not None for _, _, _, expected in errors)
 
 
 def test_the_error_format_in_the_docs_is_what_check_prints(tmp_path, monkeypatch, capsys):

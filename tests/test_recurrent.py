@@ -5,13 +5,17 @@ reset(); the Triton kernel (tl.dot in the fused time loop) runs in Triton's inte
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-import flexsn_dsl
-from flexsn_dsl import ShapeError, SpecError
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_reference as zr  # noqa: E402
+
+import flexsn_dsl  # noqa: E402
+from flexsn_dsl import ShapeError, SpecError  # noqa: E402
 
 NEURONS = Path(__file__).resolve().parents[1] / "neurons"
 DTYPE = torch.float64
@@ -46,24 +50,6 @@ step:
 """
 
 
-def _spike(u: torch.Tensor, surrogate) -> torch.Tensor:
-    """Heaviside forward, ``g * surrogate(u)`` backward, by hand."""
-    class Fn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, u):
-            ctx.save_for_backward(u)
-            return (u >= 0).to(u.dtype)
-
-        @staticmethod
-        def backward(ctx, g):
-            (u,) = ctx.saved_tensors
-            return g * surrogate(u)
-    return Fn.apply(u)
-
-
-def _atan_spike(u: torch.Tensor) -> torch.Tensor:
-    """SpikingJelly's atan surrogate (alpha=2)."""
-    return _spike(u, lambda u: 1.0 / (1.0 + (math.pi / 2 * 2.0 * u) ** 2))
 
 
 def _rlif_loop(x, v, prev, w, tau, v_th=1.0):
@@ -72,7 +58,7 @@ def _rlif_loop(x, v, prev, w, tau, v_th=1.0):
     for t in range(x.shape[0]):
         r = torch.einsum("ij,...j->...i", w, prev)
         h = v + (x[t] + r - v) / tau
-        s = _atan_spike(h - v_th)
+        s = zr.spike(h - v_th, "atan", alpha=2.0)
         v = h * (1 - s)
         prev = s
         out.append(s)
@@ -238,7 +224,7 @@ def _lsnn_loop(x, w, p):
     out = []
     for t in range(x.shape[0]):
         h = alpha * v + (1 - alpha) * (x[t] + prev @ w.T)
-        s = _triangle(h - (p["v_th"] + p["beta"] * a))
+        s = zr.spike(h - (p["v_th"] + p["beta"] * a), "triangle")
         z = s.detach()
         v = h - z * p["v_th"]
         a = rho * a + (1 - rho) * z
@@ -247,9 +233,6 @@ def _lsnn_loop(x, w, p):
     return torch.stack(out), v, a
 
 
-def _triangle(u: torch.Tensor) -> torch.Tensor:
-    """The triangle surrogate (alpha = 1)."""
-    return _spike(u, lambda u: torch.clamp(1.0 - u.abs(), min=0.0))
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -462,7 +445,7 @@ def test_equations_match_hand_loop(backend):
         for t in range(x.shape[0]):
             a = torch.exp(-1.0 / tau)
             h = a * v + (1 - a) * (x[t] + prev @ w.T)
-            s = _atan_spike(h - 1.0)
+            s = zr.spike(h - 1.0, "atan", alpha=2.0)
             v = s * 0.0 + (1 - s) * h
             prev = s
             out.append(s)

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import io
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-import flexsn_dsl
-from flexsn_dsl import ShapeError, SpecError
-from flexsn_dsl.cli import main as cli_main
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_reference as zr  # noqa: E402
+
+import flexsn_dsl  # noqa: E402
+from flexsn_dsl import ShapeError, SpecError  # noqa: E402
+from flexsn_dsl.cli import main as cli_main  # noqa: E402
 
 BACKENDS = ["torch", "triton"]
 F64 = torch.float64
@@ -46,31 +51,13 @@ CASES = {
 }
 
 
-def _sg(x: torch.Tensor) -> torch.Tensor:
-    """The sigmoid surrogate (alpha = 4), written out."""
-    s = torch.sigmoid(4.0 * x)
-    return 4.0 * s * (1.0 - s)
-
-
-class _Spike(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u):
-        ctx.save_for_backward(u)
-        return (u >= 0).to(u.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (u,) = ctx.saved_tensors
-        return grad * _sg(u)
-
-
 def reference(x, tau, v_th, k):
     """The spec's step, by hand: torch broadcasting of the parameters against each step."""
     v = torch.zeros_like(x[0])
     out = []
     for t in range(x.shape[0]):
         h = v + (k * x[t] - v) / tau
-        s = _Spike.apply(h - v_th)
+        s = zr.spike(h - v_th, "sigmoid", alpha=4.0)
         v = h * (1 - s)
         out.append(s)
     return torch.stack(out), v
