@@ -16,12 +16,12 @@ against the scalar one (outputs, input gradients, and the parameter gradient sum
 Timing: every variant of every case is first run eagerly (compiled, launched, its memory
 allocated), then timed with ``do_bench`` and its peak memory taken, and only then captured:
 one training call per CUDA graph after warm-up calls on a side stream that waits for the
-default stream (``flexsn_dsl.bench.graph_replay_ms``), replayed between CUDA events. Not
-``triton.testing.do_bench_cudagraph``, whose capture failed here on the H200 (the error text was
-not kept) and which departs from that recipe: its one warm-up call runs on a fresh stream that
-does not wait for the caller's, and it unrolls rep / estimate (hundreds of) training calls into
-one capture, each allocating up to 0.8 GB. A variant that still cannot be captured is timed
-eagerly, and the reason is printed.
+default stream (``flexsn_dsl.bench.graph_replay_ms``), replayed between CUDA events. Every
+module is reset before each capture: the states a module carries from its last call keep that
+call's autograd graph alive, and with it the AccumulateGrad node of the input both variants share,
+made on the default stream; a captured backward that reaches it fails ("operation failed due to a
+previous error during capture"). A variant that still cannot be captured is timed eagerly, and
+the reason is printed.
 """
 from __future__ import annotations
 
@@ -126,6 +126,8 @@ def main(argv=None) -> int:
         diff = _check(shaped, scalar, x, param)
         results = {label: dict(ms=timer(run), peak_mib=_peak(device, run)) for label, run in runs.items()}
         for label, run in runs.items():  # captures last: a failed one cannot spoil the eager numbers
+            shaped.reset()  # (no graph of an earlier call kept alive: see the module docstring)
+            scalar.reset()
             results[label]["graph_ms"] = _graph_ms(f"{spec} {label}", run) if device.type == "cuda" else None
         p = getattr(shaped, param)
         allowed_mib = 2 * p.numel() * p.element_size() / 2 ** 20  # the parameter and its gradient
