@@ -16,9 +16,13 @@ One training step = forward, cross-entropy on the time-averaged readout, backwar
 ``zero_grad``. The layer alone = forward and backward of the recurrent layer on a given input
 [T, B, N] (gradients of the input and W). Floors: FLOPs 6·T·B·N² (forward W·s, backward Wᵀ·g and
 the weight gradient), bytes the [T, B, N] tensors the fused kernels read and write (from the
-kernels' FlexSNInfo); the floor is max(FLOPs / peak FLOP/s, bytes / peak bandwidth) (defaults: an
-H200, float32 FMA / bf16 tensor cores, HBM3e). ``grad err`` compares ``ours`` with ``ours-torch``
-on the same weights and input: max |dW - dW_ref| / max |dW_ref| (float32: ~1e-6).
+kernels' FlexSNInfo); the floor is max(FLOPs / peak FLOP/s, bytes / peak bandwidth), with the peak
+of the precision the fused kernel's product runs at (defaults, an H200 SXM, dense, TFLOP/s: float32
+with ``$FLEXSN_DSL_RECURRENT_PRECISION`` tf32x3 (the default) 494.7 / 3 (3xTF32: three TF32
+tensor-core products), tf32 494.7, ieee 67 (FMA); bfloat16 989; HBM3e 4.8 TB/s). The precision
+is printed in the header and stored in each row. ``grad err`` compares ``ours`` with ``ours-torch``
+on the same weights and input: max |dW - dW_ref| / max |dW_ref| (float32: ~5e-7 with tf32x3 or
+ieee, ~5e-3 with tf32).
 
 Usage (GPU, ~2-3 minutes on an H200): ``python benchmarks/recurrent_bench.py [--json FILE]``;
 ``--quick`` runs tiny shapes on the CPU (Triton's interpreter: a smoke test, no meaningful times).
@@ -36,10 +40,12 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from flexsn_dsl.triton_runtime import launch_settings
 from torch_cpu import SigmoidSpike  # rlif.yaml's surrogate (benchmarks/ is on sys.path when run)
 
 ROOT = Path(__file__).resolve().parent.parent
-PEAK_TFLOPS = {torch.float32: 67.0, torch.bfloat16: 989.0}  # H200 SXM: fp32 FMA, bf16 dense tensor cores
+TF32_TFLOPS = 494.7  # H200 SXM, dense TF32 tensor cores
+PEAK_TFLOPS = {"tf32x3": TF32_TFLOPS / 3, "tf32": TF32_TFLOPS, "ieee": 67.0, "bf16": 989.0}  # ieee: fp32 FMA
 PEAK_TBPS = 4.8
 VARIANTS = ("loop", "ours-step", "ours-torch", "ours", "snntorch", "sj")
 FLOOR_VARIANTS = ("loop", "ours-torch", "ours")  # the layer alone against the floors
@@ -194,11 +200,16 @@ def sequences_moved(info) -> int:
         (len(info.output_names) + len(read) + n_in) + 2
 
 
+def product_precision(dtype: torch.dtype) -> str:
+    """How the fused kernel multiplies: float32 at ``$FLEXSN_DSL_RECURRENT_PRECISION``, bfloat16 in bf16."""
+    return launch_settings().recurrent_precision if dtype == torch.float32 else "bf16"
+
+
 def floors(T: int, B: int, n: int, dtype: torch.dtype, sequences: int, peak_tflops: float, peak_tbps: float) -> dict:
     """FLOPs, bytes and the floor (ms) of the recurrent layer's forward and backward."""
     flops = 6 * T * B * n * n
     nbytes = sequences * T * B * n * torch.finfo(dtype).bits // 8
-    return {"gflop": flops / 1e9, "mbytes": nbytes / 1e6,
+    return {"gflop": flops / 1e9, "mbytes": nbytes / 1e6, "peak_tflops": peak_tflops,
             "floor_ms": max(flops / (peak_tflops * 1e12), nbytes / (peak_tbps * 1e12)) * 1e3}
 
 
@@ -225,7 +236,8 @@ def run(args) -> list[dict]:
             y = torch.randint(0, 20, (args.B,), generator=gen).to(args.device)
             current = (torch.randn(args.T, args.B, n, generator=gen) + 0.6).to(args.device, dtype)
             info = flexsn_dsl.load(ROOT / "neurons" / "rlif.yaml", sizes={"N": n}).info
-            floor = floors(args.T, args.B, n, dtype, sequences_moved(info), args.peak_tflops or PEAK_TFLOPS[dtype],
+            precision = product_precision(dtype)
+            floor = floors(args.T, args.B, n, dtype, sequences_moved(info), args.peak_tflops or PEAK_TFLOPS[precision],
                            args.peak_tbps)
             variants = args.variants if dtype == torch.float32 else [v for v in args.variants if v in FLOOR_VARIANTS]
             for variant in variants:
@@ -233,7 +245,8 @@ def run(args) -> list[dict]:
                 why = unavailable(variant)
                 if why:
                     print(f"{head} skipped: {why}", flush=True)
-                    rows.append({"N": n, "variant": variant, "dtype": dtype_name, "skipped": why})
+                    rows.append({"N": n, "variant": variant, "dtype": dtype_name, "precision": precision,
+                                 "skipped": why})
                     continue
                 torch.manual_seed(0)
                 net = Net(recurrent_layer(variant, n, args.device), args.channels, n).to(args.device)
@@ -253,7 +266,7 @@ def run(args) -> list[dict]:
                     rec.reset()
                     rec(inp).float().sum().backward()
 
-                row = {"N": n, "variant": variant, "dtype": dtype_name,
+                row = {"N": n, "variant": variant, "dtype": dtype_name, "precision": precision,
                        "step_ms": timed_ms(train_step, args.device, args.repeat),
                        "layer_ms": timed_ms(layer_step, args.device, args.repeat), **floor}
                 row["layer_vs_floor"] = row["layer_ms"] / row["floor_ms"]
@@ -262,7 +275,8 @@ def run(args) -> list[dict]:
                 rows.append(row)
                 extra = f"   grad err {row['grad_err']:.1e}" if "grad_err" in row else ""
                 print(f"{head} step {row['step_ms']:9.2f} ms   layer {row['layer_ms']:9.2f} ms   floor "
-                      f"{row['floor_ms']:.3f} ms ({row['gflop']:.2f} GFLOP, {row['mbytes']:.1f} MB)   "
+                      f"{row['floor_ms']:.3f} ms ({row['gflop']:.2f} GFLOP at {row['peak_tflops']:.1f} TFLOP/s, "
+                      f"{row['mbytes']:.1f} MB)   "
                       f"x{row['layer_vs_floor']:.1f}{extra}", flush=True)
     return rows
 
@@ -289,7 +303,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--channels", type=int, default=700)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--repeat", type=int, default=5, help="CPU timing repeats")
-    p.add_argument("--peak-tflops", type=float, default=None, help="default: H200 fp32 FMA 67, bf16 989")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="default (H200 SXM): the product's precision, tf32x3 164.9, tf32 494.7, ieee 67, bf16 989")
     p.add_argument("--peak-tbps", type=float, default=PEAK_TBPS)
     p.add_argument("--quick", action="store_true", help="tiny shapes on the CPU (a smoke test)")
     p.add_argument("--json", type=Path, help="write the rows here")
@@ -306,7 +321,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     start = time.perf_counter()
     print(f"recurrent SHD-shaped step: T={args.T}, B={args.B}, {args.channels} -> N -> 20, device={args.device}"
-          + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
+          + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "")
+          + f", float32 recurrent product: {product_precision(torch.float32)} (FLEXSN_DSL_RECURRENT_PRECISION)")
     rows = run(args)
     summary(rows)
     print(f"total {time.perf_counter() - start:.0f} s")

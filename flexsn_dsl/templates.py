@@ -18,7 +18,8 @@ Flags (constexpr, so each setting compiles to its own kernel without dead branch
 ``_CONST_INIT`` starts the states from the spec's constant initial values instead of
 reading ``<state>__init`` (a fresh or reset module); ``_HAS_FINAL_GRADS`` and
 ``_HAS_STATE_GRADS`` say which upstream state gradients exist; ``_WRITE_INIT_GRADS``
-says whether the initial states need gradients.
+says whether the initial states need gradients. The recurrent kernels' ``_PRECISION`` is the
+``input_precision`` of their ``tl.dot`` (``"tf32x3"``, ``"ieee"`` or ``"tf32"``, from the runtime).
 
 Names come from a :class:`FlexSNInfo`, whose fields are checked identifiers and
 finite numbers (:mod:`flexsn_dsl.literals`); INFO is printed with ``literals.value``.
@@ -278,13 +279,14 @@ def _matvec(target: str, rows: str, w_index: str, indent: str) -> list[str]:
     """``target = A @ M`` in chunks of _BLOCK_K along the sum: A's rows read back from memory at
     ``rows`` (each row's first feature, just written by this program), M's chunk from the weight
     at ``w_index`` (of ``_kk``, the chunk, and ``_cols``). The weight stays in L2 and only a
-    [_BLOCK_K, _NP] slice of it is held at a time: any N up to 512 fits in shared memory."""
+    [_BLOCK_K, _NP] slice of it is held at a time: any N up to 512 fits in shared memory. ``_PRECISION``
+    is tl.dot's ``input_precision`` (a constexpr: one kernel for every setting)."""
     return [f"{indent}{target} = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)",
             f"{indent}for _k in range(0, _NP, _BLOCK_K):",
             f"{indent}{I1}_kk = _k + tl.arange(0, _BLOCK_K)",
             f"{indent}{I1}_a = tl.load({rows} + _kk[None, :], mask=_row_ok & (_kk[None, :] < _N), other=0.0)",
             f"{indent}{I1}_wk = tl.load(_weight + {w_index}, mask=(_kk[:, None] < _N) & _col_ok, other=0.0)",
-            f"{indent}{I1}{target} += tl.dot(_a.to(_DOT_DTYPE), _wk.to(_DOT_DTYPE), input_precision=\"ieee\", "
+            f"{indent}{I1}{target} += tl.dot(_a.to(_DOT_DTYPE), _wk.to(_DOT_DTYPE), input_precision=_PRECISION, "
             "out_dtype=_DTYPE)"]
 
 
@@ -292,7 +294,7 @@ def _recurrent_signature(info: FlexSNInfo, name: str, groups: list[tuple[list[st
     lines = ["@triton.jit", f"def {identifier(kernel_name(info.neuron, name))}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
     lines += [f"{I1}_T, _B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _BLOCK_K: tl.constexpr, "
-              f"_DTYPE: tl.constexpr, _DOT_DTYPE: tl.constexpr{flags},", "):"]
+              f"_DTYPE: tl.constexpr, _DOT_DTYPE: tl.constexpr, _PRECISION: tl.constexpr{flags},", "):"]
     return lines
 
 

@@ -1,7 +1,8 @@
 """Launching the fused recurrent kernels of a spec with ``recurrent`` (the Triton backend).
 
 A program owns ``BLOCK_B`` rows of the batch and all N features (padded to a power of two,
-at least 16, for ``tl.dot``) and computes ``r_t = s_{t-1} @ W.T`` each step with ``tl.dot``,
+at least 16, for ``tl.dot``) and computes ``r_t = s_{t-1} @ W.T`` each step with ``tl.dot``
+(float32: at the precision of ``$FLEXSN_DSL_RECURRENT_PRECISION``, 3xTF32 on tensor cores by default),
 reading ``s_{t-1}`` back from the output it stored and the weight from L2 (on chip: the
 weight of a layer is at most 1 MB, read by every program each step) in slices of
 [_BLOCK_K, N], so that the shared memory of one program stays small for any N up to 512.
@@ -10,13 +11,15 @@ The backward runs the reverse recursion the same way with W. The weight gradient
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .compiler import Compiled
 from .errors import SpecError
 from .names import kernel_name
 from .triton_runtime import (_REGISTRY, Kernels, _compute_dtype, _kernels_for, _param_args, _stack,
-                             _torch_compute_dtype, interpreting, kernel_params)
+                             _torch_compute_dtype, interpreting, kernel_params, launch_settings)
 
 BLOCK_B = 16      # rows of the batch per program (tl.dot needs at least 16)
 MAX_N = 512       # features one program holds
@@ -48,6 +51,14 @@ def _dot_dtype(dtype: torch.dtype):
     return tl.float16 if dtype == torch.float16 else tl.bfloat16
 
 
+def _dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's ``input_precision`` for the step's product: the launch setting
+    (``$FLEXSN_DSL_RECURRENT_PRECISION``, read and checked at every launch) for float32; "ieee" for
+    float64 (tl.dot has no other) and 16-bit operands (multiplied in 16 bits whatever the setting)."""
+    precision = launch_settings().recurrent_precision
+    return precision if dtype == torch.float32 else "ieee"
+
+
 def _blocks(b: int) -> int:
     """Programs for ``b`` rows of the batch."""
     return -(-b // BLOCK_B)
@@ -64,19 +75,20 @@ def _forward(kernels: Kernels, xs, inits, prev, weight, params, shaped, layout) 
     info = kernels.info
     x = xs[0]
     T, N, shape = x.shape[0], x.shape[-1], x.shape
-    B = x[0].numel() // N if N else 0
+    B = math.prod(shape[1:-1])  # (T may be 0)
     flat = [t.reshape(T, B, N).contiguous() for t in xs]
     init = [s.reshape(B, N).contiguous() for s in inits]
     prev = prev.reshape(B, N).contiguous()
     outs = [x.new_empty(T, B, N) for _ in info.output_names]
     saved = [x.new_empty(T, B, N) for _ in info.saved_names] + [x.new_empty(_kept_r_shape(info, T, B, N))]
     finals = [x.new_empty(B, N) for _ in [*info.state_names, "fed"]]
+    meta = _meta(x, T, B, N)  # (a bad launch setting is an error even when nothing is launched)
     if T and B and N:
         args = [*flat, *(init or [prev] * len(info.state_names)), prev, weight.contiguous(), *outs, *saved, *finals]
         args += _param_args(_stack(params), shaped, layout)
         flags = {"_CONST_INIT": not init} if info.initial_values else {}
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_forward"))
-        kernel[(_blocks(B),)](*args, **_meta(x, T, B, N), _TRAIN=True, **flags)
+        kernel[(_blocks(B),)](*args, **meta, _TRAIN=True, **flags)
     else:
         starts = [s.clone() for s in init] if init else [x.new_full((B, N), v) for v in info.initial_values]
         finals = [*starts, prev.clone()]
@@ -90,12 +102,13 @@ def _kept_r_shape(info, T: int, B: int, N: int) -> tuple[int, ...]:
 
 
 def _meta(x: torch.Tensor, T: int, B: int, N: int) -> dict:
-    """The launch's sizes and constexprs; 8 warps from N = 256 (ptxas for sm_90a: a quarter of the
-    register spills of 4 warps at N = 512 in float32)."""
+    """The launch's sizes and constexprs (the launch settings read here); 8 warps from N = 256 (ptxas
+    for sm_90a: a quarter of the register spills of 4 warps at N = 512 in float32)."""
     padded = _padded(N)
     warps = {} if interpreting() else {"num_warps": 8 if padded >= 256 else 4}
     return dict(_T=T, _B=B, _N=N, _BLOCK_B=BLOCK_B, _NP=padded, _BLOCK_K=min(padded, max(16, W_SLICE // padded)),
-                _DTYPE=_compute_dtype(x.dtype), _DOT_DTYPE=_dot_dtype(x.dtype), **warps)
+                _DTYPE=_compute_dtype(x.dtype), _DOT_DTYPE=_dot_dtype(x.dtype), _PRECISION=_dot_precision(x.dtype),
+                **warps)
 
 
 def _learnable_shaped(info) -> list[int]:
@@ -110,7 +123,7 @@ def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, sh
     info = kernels.info
     x = xs[0]
     T, N, shape = x.shape[0], x.shape[-1], x.shape
-    B = x[0].numel() // N if N else 0
+    B = math.prod(shape[1:-1])  # (T may be 0)
     n_out = len(info.output_names)
     flat_in = [t.reshape(T, B, N).contiguous() for t in xs] + [saved[-1]]
     flat_out = [o.reshape(T, B, N).contiguous() for o in outs]
@@ -123,16 +136,17 @@ def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, sh
     compute = _torch_compute_dtype(x.dtype)
     partial = x.new_zeros(blocks, info.num_params, dtype=compute)
     per_element = [x.new_zeros(B * N, dtype=compute) for _ in _learnable_shaped(info)]
+    meta = _meta(x, T, B, N)
     if T and B and N:
         args = [*g_out, *g_final, *saved[:-1], *flat_in, *flat_out, weight.contiguous(), *grad_in, *grad_init]
         args += _param_args(_stack(params), shaped, layout)
         args += ([partial] if info.scalar_params else []) + per_element
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_backward"))
-        kernel[(blocks,)](*args, **_meta(x, T, B, N), _HAS_FINAL_GRADS=any(g is not None for g in finals),
+        kernel[(blocks,)](*args, **meta, _HAS_FINAL_GRADS=any(g is not None for g in finals),
                           _WRITE_INIT_GRADS=True)
     # the weight gradient: the sum over steps and rows of g_t^T s_{t-1}, one matrix product
     fed = flat_out[info.recurrent[0][2]]
-    before = torch.cat([prev.reshape(1, B, N), fed[:-1]])
+    before = torch.cat([prev.reshape(1, B, N), fed])[:T]
     grad_w = grad_in[-1].reshape(T * B, N).to(compute).T @ before.reshape(T * B, N).to(compute)
     # a shaped parameter's value k is read at the offsets o with (o // inner) % size == k
     grad_shaped = [g.reshape(-1, layout[2 * k + 1], layout[2 * k]).sum((0, 2))
@@ -157,7 +171,7 @@ def _recurrent_forward_fake(key, xs, inits, prev, weight, params, shaped, layout
     info = _REGISTRY[key].info
     x = xs[0]
     T, N = x.shape[0], x.shape[-1]
-    flat = (T, x[0].numel() // N if N else 0, N)
+    flat = (T, math.prod(x.shape[1:-1]), N)
     return ([x.new_empty(x.shape) for _ in info.output_names] +
             [x.new_empty(flat) for _ in info.saved_names] + [x.new_empty(_kept_r_shape(info, *flat))] +
             [x.new_empty(x.shape[1:]) for _ in [*info.state_names, "fed"]])

@@ -23,21 +23,24 @@ CPU_BLOCK = 1024
 MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
+RECURRENT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot's input_precision for float32; the first is the default
 
 
 class LaunchSettings(NamedTuple):
     autotune: bool  # $FLEXSN_DSL_AUTOTUNE=1: autotune block sizes (GPU only)
     stages: int     # $FLEXSN_DSL_STAGES: pipelining stages of the time loop (0: heuristic)
+    recurrent_precision: str  # $FLEXSN_DSL_RECURRENT_PRECISION: the recurrent product's float32 precision
 
 
 def launch_settings() -> LaunchSettings:
     """The launch settings from the environment, read at each launch (the torch backend never reads
     them); a ValueError saying what to set for a value that is not one of the allowed ones."""
-    return _parse_settings(os.environ.get("FLEXSN_DSL_AUTOTUNE", ""), os.environ.get("FLEXSN_DSL_STAGES", ""))
+    return _parse_settings(os.environ.get("FLEXSN_DSL_AUTOTUNE", ""), os.environ.get("FLEXSN_DSL_STAGES", ""),
+                           os.environ.get("FLEXSN_DSL_RECURRENT_PRECISION", ""))
 
 
 @functools.lru_cache(maxsize=16)
-def _parse_settings(autotune: str, stages: str) -> LaunchSettings:
+def _parse_settings(autotune: str, stages: str, precision: str) -> LaunchSettings:
     if autotune.strip() not in ("", "0", "1"):
         raise ValueError(f"FLEXSN_DSL_AUTOTUNE={autotune!r} is not 0 or 1: set it to 1 to autotune block sizes "
                          "on the GPU, to 0 or nothing for the built-in choice")
@@ -45,7 +48,13 @@ def _parse_settings(autotune: str, stages: str) -> LaunchSettings:
     if text and not (text.isascii() and text.isdigit() and int(text) <= MAX_STAGES):
         raise ValueError(f"FLEXSN_DSL_STAGES={stages!r} is not a whole number from 0 to {MAX_STAGES}: set it to the "
                          "pipelining depth of the time loop (e.g. 2), or to 0 or nothing for the built-in choice")
-    return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0))
+    product = precision.strip() or RECURRENT_PRECISIONS[0]
+    if product not in RECURRENT_PRECISIONS:
+        raise ValueError(f"FLEXSN_DSL_RECURRENT_PRECISION={precision!r} is not one of "
+                         f"{', '.join(RECURRENT_PRECISIONS)}: set it to the recurrent product's precision in float32 "
+                         "layers: tf32x3 (float32 accuracy on tensor cores; the default, also when unset), ieee "
+                         "(float32 FMA, slower) or tf32 (fastest, about 1e-3 relative error)")
+    return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0), recurrent_precision=product)
 
 
 def _compute_dtype(dtype: torch.dtype):

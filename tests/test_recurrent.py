@@ -16,6 +16,7 @@ import zoo_reference as zr  # noqa: E402
 
 import flexsn_dsl  # noqa: E402
 from flexsn_dsl import ShapeError, SpecError  # noqa: E402
+from flexsn_dsl.triton_runtime import interpreting  # noqa: E402
 
 NEURONS = Path(__file__).resolve().parents[1] / "neurons"
 DTYPE = torch.float64
@@ -104,6 +105,29 @@ def test_rlif_two_calls_match_hand_loop(backend, shape, w_slice, monkeypatch):
     for got, ref in zip((x1.grad, x2.grad, m.r_weight.grad, m.tau.grad), want):
         assert ref.abs().sum() > 0
         torch.testing.assert_close(got, ref, **TOL)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_an_empty_call_keeps_the_carried_values(backend):
+    """Calls of T = 3, 0 and 4 steps without reset(): the same outputs, final states and gradients of
+    the weight and tau as the hand loop over the 7 steps."""
+    torch.manual_seed(12)
+    m = _rlif(5, backend)
+    w = m.r_weight.detach().clone().requires_grad_(True)
+    tau = m.tau.detach().clone().requires_grad_(True)
+    gen = _gen(12)
+    xs = [_uniform(gen, t, 2, 5, high=2.5) for t in (3, 0, 4)]
+    ys = [m(x) for x in xs]
+    assert ys[1].shape == (0, 2, 5)
+    ref, v, prev = _rlif_loop(torch.cat(xs), torch.zeros(2, 5, dtype=DTYPE), torch.zeros(2, 5, dtype=DTYPE), w, tau)
+    for got, want in ((torch.cat(ys), ref), (m.states["v"], v), (m.states["r_prev"], prev)):
+        torch.testing.assert_close(got, want, **TOL)
+    g = _normal(gen, 7, 2, 5)
+    ((g * torch.cat(ys)).sum() + m.states["v"].sum() + m.states["r_prev"].sum()).backward()
+    want = torch.autograd.grad((g * ref).sum() + v.sum() + prev.sum(), [w, tau])
+    for got, ref_grad in zip((m.r_weight.grad, m.tau.grad), want):
+        assert ref_grad.abs().sum() > 0
+        torch.testing.assert_close(got, ref_grad, **TOL)
 
 
 def test_reset_zeroes_the_carried_value_and_single_step_equals_multi_step():
@@ -502,3 +526,107 @@ def test_a_linear_recurrent_spec_that_keeps_nothing_for_the_backward(backend):
     want = torch.autograd.grad(ref, (x, w), g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOL)
+
+
+# -- the float32 product's precision ($FLEXSN_DSL_RECURRENT_PRECISION) -----------------
+
+PRECISIONS = ["tf32x3", "ieee", "tf32"]
+
+
+def _zoo_rlif_loop(x, w):
+    """neurons/rlif.yaml by hand (tau 2, v_th 1, sigmoid surrogate with alpha 4) from rest: spikes
+    [T, ...], the membranes h before the threshold [T, ...] and the final v."""
+    v = prev = torch.zeros_like(x[0])
+    out, hs = [], []
+    for t in range(x.shape[0]):
+        h = v + (x[t] + prev @ w.T - v) / 2.0
+        s = zr.spike(h - 1.0, "sigmoid", alpha=4.0)
+        v = h * (1 - s)
+        prev = s
+        out.append(s)
+        hs.append(h.detach())
+    return torch.stack(out), torch.stack(hs), v
+
+
+def _float32_layer_error(precision: str, T: int, B: int, N: int, monkeypatch) -> float:
+    """A float32 rlif layer (Triton) under ``precision`` against the hand loop in float64 on the same
+    (float32) weight and input. Per batch row (rows are independent; a differing spike changes every
+    later step of its row): the spike trains agree, or the first differing spikes have a float64
+    membrane within ``tol`` of the threshold; rows that agree have the same final v, and the
+    gradients of the input and the weight (upstream gradient zero on the other rows) are within
+    ``tol`` of the reference's largest. ``tol``: 1e-4 (float32 accuracy), 1e-2 for tf32.
+    Returns the weight gradient's error relative to its largest value."""
+    monkeypatch.setenv("FLEXSN_DSL_RECURRENT_PRECISION", precision)
+    tol, agreeing = (1e-2, 0.25) if precision == "tf32" else (1e-4, 0.9)
+    gen = _gen(20)
+    m = flexsn_dsl.load(NEURONS / "rlif.yaml", sizes={"N": N}, backend="triton")
+    with torch.no_grad():  # nn.Linear's range, drawn on the CPU: the same numbers on every device
+        m.r_weight.copy_((_uniform(gen, N, N, high=2.0, dtype=torch.float32) - 1.0) / math.sqrt(N))
+    x = _uniform(gen, T, B, N, high=2.5, dtype=torch.float32).requires_grad_(True)
+    y = m(x)
+    x64 = x.detach().double().requires_grad_(True)
+    w64 = m.r_weight.detach().double().requires_grad_(True)
+    ref, h, v = _zoo_rlif_loop(x64, w64)
+    assert 0.1 < float(ref.detach().mean()) < 0.6, "spike rate off the tested range: meaningless"
+    differs = y.detach().double() != ref.detach()  # [T, B, N]
+    same = ~differs.any(0).any(-1)  # [B]
+    for b in torch.nonzero(~same).flatten().tolist():
+        t0 = int(torch.nonzero(differs[:, b].any(-1))[0])
+        margin = float((h[t0, b][differs[t0, b]] - 1.0).abs().max())
+        assert margin < tol, f"row {b}, step {t0}: a spike differs {margin:.1e} from the threshold"
+    assert float(same.double().mean()) >= agreeing, f"only {int(same.sum())} of {B} rows agree"
+    torch.testing.assert_close(m.states["v"][same].double(), v.detach()[same], rtol=0, atol=tol)
+    g = _normal(gen, T, B, N) * same[None, :, None]
+    (g.float() * y).sum().backward()
+    want = torch.autograd.grad((g * ref).sum(), (x64, w64))
+    errors = []
+    for got, ref_grad in zip((x.grad, m.r_weight.grad), want):
+        errors.append(float((got.double() - ref_grad).abs().max() / ref_grad.abs().max()))
+    assert max(errors) < tol, f"gradient errors of x and r_weight relative to their largest: {errors}"
+    return errors[1]
+
+
+@pytest.mark.skipif(not interpreting(), reason="Triton's interpreter (the GPU version is below)")
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_each_precision_runs_in_the_interpreter(precision, monkeypatch):
+    """The interpreter takes every setting (it multiplies float32 exactly whatever the setting)."""
+    _float32_layer_error(precision, 10, 20, 40, monkeypatch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or interpreting(), reason="needs a GPU (real tensor cores)")
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_float32_precisions_on_the_gpu(precision, monkeypatch):
+    """tf32x3 (the default) and ieee keep float32 accuracy; tf32 is within 1e-2, and measurably less
+    accurate (so the setting reaches the kernel: plain float32 products err ~1e-7 here)."""
+    error = _float32_layer_error(precision, 20, 33, 200, monkeypatch)
+    if precision == "tf32":
+        assert error > 1e-5, f"weight gradient error {error:.1e}: the product did not run in tf32"
+
+
+@pytest.mark.parametrize("precision", [*PRECISIONS, " ieee ", ""])
+def test_the_setting_sets_float32_products_only(precision, monkeypatch):
+    """tl.dot's input_precision constexpr: the setting for float32 (unset or blank: tf32x3), IEEE for
+    float64 (the only one tl.dot has) and for 16-bit operands."""
+    from flexsn_dsl.triton_recurrent import _meta
+    monkeypatch.setenv("FLEXSN_DSL_RECURRENT_PRECISION", precision)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        want = (precision.strip() or "tf32x3") if dtype == torch.float32 else "ieee"
+        assert _meta(torch.zeros(2, dtype=dtype), 3, 2, 5)["_PRECISION"] == want
+
+
+@pytest.mark.parametrize("value", ["fp32", "TF32", "tf32x3,ieee", "3"])
+def test_a_bad_precision_is_an_error_in_forward_and_backward(value, monkeypatch):
+    """At each launch of the recurrent kernels (also when nothing runs, T = 0), naming the variable and
+    the allowed values; the torch backend ignores the setting."""
+    message = f"^FLEXSN_DSL_RECURRENT_PRECISION={value!r} is not one of tf32x3, ieee, tf32: set it to"
+    m = flexsn_dsl.loads(RLIF, sizes={"N": 4}, backend="triton")
+    x = _uniform(_gen(21), 3, 2, 4, high=2.5, dtype=torch.float32).requires_grad_(True)
+    y = m(x)  # a good (default) setting for the forward, a bad one for the backward
+    monkeypatch.setenv("FLEXSN_DSL_RECURRENT_PRECISION", value)
+    with pytest.raises(ValueError, match=message):
+        y.sum().backward()
+    for T in (3, 0):
+        m.reset()
+        with pytest.raises(ValueError, match=message):
+            m(torch.ones(T, 2, 4))
+    flexsn_dsl.loads(RLIF, sizes={"N": 4}, backend="torch")(x)

@@ -22,7 +22,8 @@ LIF = ROOT / "neurons" / "lif.yaml"
 # --------------------------------------------------------------------------
 BAD_SETTINGS = [("FLEXSN_DSL_STAGES", "abc"), ("FLEXSN_DSL_STAGES", "-1"), ("FLEXSN_DSL_STAGES", "1.5"),
                 ("FLEXSN_DSL_STAGES", "99"), ("FLEXSN_DSL_STAGES", "٣"), ("FLEXSN_DSL_AUTOTUNE", "yes"),
-                ("FLEXSN_DSL_AUTOTUNE", "2")]
+                ("FLEXSN_DSL_AUTOTUNE", "2"), ("FLEXSN_DSL_RECURRENT_PRECISION", "fp32"),
+                ("FLEXSN_DSL_RECURRENT_PRECISION", "IEEE")]
 
 
 @pytest.mark.parametrize("name,value", BAD_SETTINGS)
@@ -44,12 +45,14 @@ def test_a_bad_launch_setting_fails_the_triton_backend_only(name, value, monkeyp
     torch.testing.assert_close(m(x), expected)
 
 
-@pytest.mark.parametrize("stages,autotune,expected", [("", "", (False, 0)), ("0", "0", (False, 0)),
-                                                      (" 3 ", "1", (True, 3)), ("16", "", (False, 16))])
-def test_good_launch_settings_are_read_at_launch(stages, autotune, expected, monkeypatch):
+@pytest.mark.parametrize("stages,autotune,precision,expected", [
+    ("", "", "", (False, 0, "tf32x3")), ("0", "0", "ieee", (False, 0, "ieee")),
+    (" 3 ", "1", " tf32 ", (True, 3, "tf32")), ("16", "", "tf32x3", (False, 16, "tf32x3"))])
+def test_good_launch_settings_are_read_at_launch(stages, autotune, precision, expected, monkeypatch):
     from flexsn_dsl.triton_runtime import launch_settings
     monkeypatch.setenv("FLEXSN_DSL_STAGES", stages)
     monkeypatch.setenv("FLEXSN_DSL_AUTOTUNE", autotune)
+    monkeypatch.setenv("FLEXSN_DSL_RECURRENT_PRECISION", precision)
     assert tuple(launch_settings()) == expected
     x = torch.rand(4, 6)
     torch.testing.assert_close(flexsn_dsl.load(LIF, backend="triton")(x), flexsn_dsl.load(LIF, backend="torch")(x))
@@ -60,7 +63,8 @@ def test_a_bad_launch_setting_does_not_break_importing_or_the_torch_backend(tmp_
     code = ("import torch, flexsn_dsl, flexsn_dsl.triton_runtime, flexsn_dsl.cli\n"
             f"m = flexsn_dsl.load({str(LIF)!r}, backend='torch')\n"
             "print(m(torch.full((2, 3), 1.5)).tolist())\n")
-    env = dict(os.environ, FLEXSN_DSL_STAGES="abc", FLEXSN_DSL_AUTOTUNE="on", FLEXSN_DSL_CACHE=str(tmp_path))
+    env = dict(os.environ, FLEXSN_DSL_STAGES="abc", FLEXSN_DSL_AUTOTUNE="on", FLEXSN_DSL_RECURRENT_PRECISION="fp64",
+               FLEXSN_DSL_CACHE=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
