@@ -140,6 +140,7 @@ class FlexSN(nn.Module):
         self._shaped, self._runtime_params = tuple(spec.shaped), tuple(spec.runtime_params)  # (not per call)
         # whether every initial state is a number (else it depends on a runtime parameter)
         self._constant_init = not any(isinstance(v, torch.Tensor) for v in self._initial_values())
+        self._lowered = False  # backend "auto": whether the Triton kernels of this code were built (CUDA inputs)
         if self.backend != "torch":
             try:
                 triton_runtime()
@@ -254,9 +255,13 @@ class FlexSN(nn.Module):
         return out
 
     def _choose_backend(self, x: torch.Tensor) -> str:
-        if self.backend == "torch":
+        if self.backend != "auto":
+            return self.backend
+        if not x.is_cuda:
             return "torch"
-        if self.spec.recurrent and self.backend == "auto" and x.is_cuda and self._triton_error is None:
+        if self._lowered:  # (the kernels were built for this code: Triton until specialize() regenerates it)
+            return "triton"
+        if self.spec.recurrent and self._triton_error is None:
             from .triton_recurrent import unsupported
             n = next(getattr(self, r.weight_name).shape[0] for r in self.spec.recurrent.values())
             reason = unsupported(self._compiled, n) or ("store_state_seqs" if self.store_state_seqs else None)
@@ -265,24 +270,21 @@ class FlexSN(nn.Module):
             self._triton_error = SpecError(f"{self.spec.name}: {reason}")  # said once; the torch step from now on
             warnings.warn(f"flexsn-dsl: {self.spec.name}: runs with the torch backend: {reason}", stacklevel=3)
             return "torch"
-        if self.backend == "triton":
-            return "triton"
-        if x.is_cuda:
-            if torch.compiler.is_compiling():
-                return "torch" if self._triton_error is not None else "triton"
-            if self._triton_error is None:
-                try:
-                    self._compiled.triton_module()  # lower now, to report a problem once
-                    return "triton"
-                except SpecError as exc:
-                    self._triton_error = exc
-                    warnings.warn(f"flexsn-dsl: {self.spec.name}: the Triton backend cannot build this spec, "
-                                  f"falling back to torch: {exc}", stacklevel=3)
-            elif isinstance(self._triton_error, MissingDependency) and not self._warned_missing:
-                self._warned_missing = True
-                warnings.warn(f"flexsn-dsl: {self.spec.name}: {self._triton_error}; running the torch step",
-                              stacklevel=3)
-            return "torch"
+        if torch.compiler.is_compiling():
+            return "torch" if self._triton_error is not None else "triton"
+        if self._triton_error is None:
+            try:
+                self._compiled.triton_module()  # lower now, to report a problem once
+                self._lowered = True
+                return "triton"
+            except SpecError as exc:
+                self._triton_error = exc
+                warnings.warn(f"flexsn-dsl: {self.spec.name}: the Triton backend cannot build this spec, "
+                              f"falling back to torch: {exc}", stacklevel=3)
+        elif isinstance(self._triton_error, MissingDependency) and not self._warned_missing:
+            self._warned_missing = True
+            warnings.warn(f"flexsn-dsl: {self.spec.name}: {self._triton_error}; running the torch step",
+                          stacklevel=3)
         return "torch"
 
     def forward(self, *inputs: torch.Tensor):
@@ -304,28 +306,18 @@ class FlexSN(nn.Module):
         if self._shaped:
             self._check_shapes(x[0] if self.step_mode == "s" else x, names[0], step)
         backend = self._choose_backend(x)
-        states = [self.states.get(n) for n in spec.states]
-        carried = [s for s in states if s is not None]
-        if carried and carried[0].shape != step:
-            what = "an input of shape" if self.step_mode == "s" else "input steps of shape"
-            raise ValueError(f"{spec.name}: {what} {tuple(step)}, but the states carried from the last "
-                             f"call have shape {tuple(carried[0].shape)}: call reset() before a new batch or input "
-                             "shape (states carry over between calls until reset())")
-        if len(carried) < len(states):
+        states = self._carried(x, step) if self.states else []  # (after reset(): none carried)
+        if len(states) < len(spec.states):  # not all carried: every state starts from its initial value
             if backend == "triton" and self._constant_init:
                 states = []  # constants: the kernels start from them and read no initial-state tensor
             else:
                 states = self._initial_states(self._initial_values(), x[0] if x.shape[0] else x.new_zeros(step))
-        if states:
-            dtype, device = x.dtype, x.device
-            states = [s if s.dtype == dtype and s.device == device else s.to(device=device, dtype=dtype)
-                      for s in states]
         fed = self._fed_back(x, names[0]) if spec.recurrent else []
         if backend == "torch":
             outputs, finals, seqs, fed = self._run_torch(inputs, states, fed)
-        elif self.spec.recurrent:
+        elif spec.recurrent:
             from .triton_recurrent import run_recurrent
-            (rec,) = self.spec.recurrent.values()
+            (rec,) = spec.recurrent.values()
             outputs, finals, fed = run_recurrent(self._compiled, inputs, states, fed[0], getattr(self, rec.weight_name),
                                                  self._param_values())
             seqs = []
@@ -342,6 +334,19 @@ class FlexSN(nn.Module):
         if self.step_mode == "s":
             outputs = [o[0] for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _carried(self, x: torch.Tensor, step: torch.Size) -> list[torch.Tensor]:
+        """The states carried from the last call, in the inputs' dtype and device (a ValueError when their
+        shape is not a step's); fewer than the spec's states when not all are carried."""
+        spec, states = self.spec, self.states
+        carried = [states[n] for n in spec.states if states.get(n) is not None]
+        if carried and carried[0].shape != step:
+            what = "an input of shape" if self.step_mode == "s" else "input steps of shape"
+            raise ValueError(f"{spec.name}: {what} {tuple(step)}, but the states carried from the last "
+                             f"call have shape {tuple(carried[0].shape)}: call reset() before a new batch or input "
+                             "shape (states carry over between calls until reset())")
+        dtype, device = x.dtype, x.device
+        return [s if s.dtype == dtype and s.device == device else s.to(device=device, dtype=dtype) for s in carried]
 
     def _fed_back(self, x: torch.Tensor, name: str) -> list[torch.Tensor]:
         """The carried previous value of each recurrent input's source (zeros after reset()); ``x``: inputs [T, ...]."""

@@ -35,12 +35,26 @@ class LaunchSettings(NamedTuple):
 def launch_settings() -> LaunchSettings:
     """The launch settings from the environment, read at each launch (the torch backend never reads
     them); a ValueError saying what to set for a value that is not one of the allowed ones."""
-    return _parse_settings(os.environ.get("FLEXSN_DSL_AUTOTUNE", ""), os.environ.get("FLEXSN_DSL_STAGES", ""),
-                           os.environ.get("FLEXSN_DSL_RECURRENT_PRECISION", ""))
+    return _parse_settings(*_read_settings())
+
+
+_SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION")
+_SETTING_KEYS = tuple(os.environ.encodekey(name) for name in _SETTINGS)  # (as os.environ stores them)
+
+
+def _read_settings() -> tuple[str | bytes | None, ...]:
+    """The raw values of the launch settings (None where unset), as os.environ holds them. Looked up in
+    its own dictionary (``_data``), because ``os.environ.get`` raises and catches a KeyError for an
+    unset variable, the usual case: about 2 us a call inside a training step."""
+    env = os.environ
+    if type(env) is os._Environ:
+        return tuple(map(env._data.get, _SETTING_KEYS))
+    return tuple(map(env.get, _SETTINGS))  # (os.environ replaced by a plain mapping)
 
 
 @functools.lru_cache(maxsize=16)
-def _parse_settings(autotune: str, stages: str, precision: str) -> LaunchSettings:
+def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
+    autotune, stages, precision = map(_decode, raw)
     if autotune.strip() not in ("", "0", "1"):
         raise ValueError(f"FLEXSN_DSL_AUTOTUNE={autotune!r} is not 0 or 1: set it to 1 to autotune block sizes "
                          "on the GPU, to 0 or nothing for the built-in choice")
@@ -55,6 +69,13 @@ def _parse_settings(autotune: str, stages: str, precision: str) -> LaunchSetting
                          "layers: tf32x3 (float32 accuracy on tensor cores; the default, also when unset), ieee "
                          "(float32 FMA, slower) or tf32 (fastest, about 1e-3 relative error)")
     return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0), recurrent_precision=product)
+
+
+def _decode(raw: str | bytes | None) -> str:
+    """An environment value as os.environ.get gives it ("" when unset)."""
+    if raw is None:
+        return ""
+    return raw if isinstance(raw, str) else os.environ.decodevalue(raw)
 
 
 def _compute_dtype(dtype: torch.dtype):
@@ -164,6 +185,11 @@ class Plan:
         self.source = kernels  # (its tiled launch: the backward of a spec with learnable shaped parameters)
         self.shape = shape                       # [T, *step]
         self.T, self.step = shape[0], shape[1:]
+        self.step_sizes = tuple(self.step)  # (new_empty parses a tuple faster than a torch.Size)
+        # what a call reads from INFO, once: counts, and whether each shaped parameter is learnable
+        self.n_out, self.n_st, self.n_saved = info.num_outputs, info.num_states, len(info.saved_names)
+        self.learnable = tuple(name in info.param_names for name in info.shaped_names)
+        self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
         self.autotuned = settings.autotune and not kernels.interpret
         self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, v)) for v in VARIANTS}
@@ -186,6 +212,12 @@ class Plan:
         self.backward_flags = {
             flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2]}
             for flags in itertools.product((False, True), repeat=3)}
+        # each forward launch by (training, store_seqs, constant initial states): its kernel and keywords
+        self.forwards = {
+            (training, seqs, const): (self.launchers[("forward" if training else "inference") +
+                                                     ("" if seqs else "_final_state")],
+                                      self.const_init if const else self.read_init)
+            for training, seqs, const in itertools.product((False, True), repeat=3)}
 
     def launch(self, variant: str, args: list, keywords: dict) -> int:
         """Launch ``variant`` over the plan's neurons; returns the number of programs it ran."""
@@ -260,26 +292,27 @@ def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, stor
     """Run the forward kernels; returns (outputs, saved values, state sequences, final states, the
     inputs as the kernels read them). Empty ``inits`` (for a spec whose initial states are all
     constants) starts from those constants without reading any initial-state tensor."""
-    info = plan.info
-    like = xs[0]
-    const_init = not inits and info.num_states > 0
-    if const_init and not info.initial_values:
-        raise ValueError(f"{info.neuron}: no initial states given, and not all of them are constants")
+    n_st = plan.n_st
+    const_init = not inits and n_st > 0
+    if const_init and not plan.info.initial_values:
+        raise ValueError(f"{plan.info.neuron}: no initial states given, and not all of them are constants")
     xs = [_contiguous(x) for x in xs]
-    shape, step = plan.shape, plan.step
-    outs = [like.new_empty(shape) for _ in info.output_names]
-    saved = [like.new_empty(shape) for _ in info.saved_names] if training else []
-    seqs = [like.new_empty(shape) for _ in info.state_names] if store_seqs else []
-    finals = [like.new_empty(step) for _ in info.state_names]
+    like = xs[0]  # contiguous: empty_like gives the same layout, and costs less than new_empty
+    outs = [torch.empty_like(like) for _ in range(plan.n_out)]
+    saved = [torch.empty_like(like) for _ in range(plan.n_saved)] if training else []
+    seqs = [torch.empty_like(like) for _ in range(n_st)] if store_seqs else []
+    finals = [like.new_empty(plan.step_sizes) for _ in range(n_st)]
     inits = finals if const_init else [_contiguous(s) for s in inits]  # unread when constant
     if plan.T == 0:
-        finals = [f.fill_(v) for f, v in zip(finals, info.initial_values)] if const_init else \
+        finals = [f.fill_(v) for f, v in zip(finals, plan.info.initial_values)] if const_init else \
             [s.clone() for s in inits]
     elif plan.n > 0:
-        variant = ("forward" if training else "inference") + ("" if store_seqs else "_final_state")
-        args = [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout)]
-        flags = plan.const_init if const_init else plan.read_init
-        plan.launch(variant, args, flags)
+        launcher, flags = plan.forwards[training, store_seqs, const_init]
+        if params is None and not shaped:
+            launcher(*xs, *inits, *outs, *saved, *seqs, *finals, plan.T, plan.n, **flags)
+        else:
+            launcher(*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout), plan.T, plan.n,
+                     **flags)
     return outs, saved, seqs, finals, xs
 
 
@@ -292,11 +325,12 @@ def _param_args(params, shaped, layout) -> list:
     return args
 
 
-def _present(grads: Sequence[torch.Tensor | None], shape: torch.Size, like: torch.Tensor) -> list[torch.Tensor] | None:
+def _present(grads: Sequence[torch.Tensor | None], shape: Sequence[int], like: torch.Tensor) -> list[torch.Tensor] | None:
     """Upstream gradients (of ``shape``) as the kernels read them: None when none was given, zeros for a missing one."""
-    if all(g is None for g in grads):
-        return None
-    return [like.new_zeros(shape) if g is None else _contiguous(g) for g in grads]
+    for g in grads:
+        if g is not None:
+            return [like.new_zeros(shape) if g is None else _contiguous(g) for g in grads]
+    return None
 
 
 def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool):
@@ -304,15 +338,14 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
     and final states; ``xs`` and ``outs`` as :func:`_forward` returned them."""
-    info = plan.info
-    T, n, shape, step = plan.T, plan.n, plan.shape, plan.step
-    n_out, n_st = info.num_outputs, info.num_states
+    T, n, shape, step = plan.T, plan.n, plan.shape, plan.step_sizes
+    n_out, n_st = plan.n_out, plan.n_st
     like = xs[0]
     grad_outs = _present(grads[:n_out], shape, like) or [like.new_zeros(shape) for _ in range(n_out)]
     grad_seqs = _present(grads[n_out:n_out + n_st], shape, like) if store_seqs else None
     grad_finals = _present(grads[len(grads) - n_st:], step, like) if n_st else None
     grad_params = None
-    learnable = [name in info.param_names for name in info.shaped_names]
+    learnable = plan.learnable
     if T == 0 or n == 0:
         grad_x = [torch.zeros_like(x) for x in xs]
         grad_init = ([g.clone() for g in grad_finals] if grad_finals else [like.new_zeros(step) for _ in range(n_st)]) \
@@ -325,8 +358,9 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         unused = grad_x[0]  # a valid pointer for arguments a flag leaves unread
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *xs,
                 *outs, *grad_x, *(grad_init or [unused] * n_st)]
-        args += _param_args(params, shaped, layout)
-        if info.learnable_shaped:
+        if params is not None or shaped:
+            args += _param_args(params, shaped, layout)
+        if plan.tiled:
             tiling = plan.source.tiling(n, shaped_period(layout))
             partial = params.new_zeros((tiling.programs, params.shape[0])) if params is not None else None
             partials = {}  # learnable shaped parameter k -> partial sums [row tiles, segments, split]
@@ -535,10 +569,10 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
                                 layout)
         seqs = list(results[len(results) - 2 * n_st:len(results) - n_st]) if store_seqs else []
         return list(results[:n_out]), list(results[len(results) - n_st:]), seqs
-    settings = launch_settings()  # a bad setting is an error even for calls that launch nothing (T=0)
-    kernels = _kernels(compiled, "cuda" if like.is_cuda else like.device.type)
-    plan = kernels.plan(like.shape, like.dtype, settings)
-    zero = kernels.info.zero_grads  # not in the graph: no gradient (None), as on the torch backend
+    # (a bad launch setting is an error even for calls that launch nothing: T=0)
+    plan = _kernels(compiled, "cuda" if like.is_cuda else like.device.type).plan(like.shape, like.dtype,
+                                                                                  launch_settings())
+    zero = plan.info.zero_grads  # not in the graph: no gradient (None), as on the torch backend
     if zero:
         inputs = [x.detach() if name in zero else x for name, x in zip(model.inputs, inputs)]
         scalars = [n for n in model.learnable if not model.parameters[n].shaped]

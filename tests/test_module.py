@@ -18,6 +18,7 @@ import math
 import os
 import pickle
 import socket
+import types
 from pathlib import Path
 
 import pytest
@@ -412,6 +413,29 @@ def test_backend_auto(device, monkeypatch):
     y = m(x)
     y_r, _, _ = run_ref("plif", [x.double()])
     torch.testing.assert_close(y.double(), y_r[0])
+
+
+def test_backend_auto_builds_the_kernels_once_per_generated_code(monkeypatch):
+    """"auto" with CUDA inputs builds the Triton kernels at the first call, not at every call (nor
+    again after one failed: it warns once and runs the torch step); specialize() builds the new code's."""
+    from flexsn_dsl.compiler import Compiled
+    from flexsn_dsl.errors import SpecError
+    cuda_input = types.SimpleNamespace(is_cuda=True)  # (_choose_backend reads only this)
+    built = []
+    monkeypatch.setattr(Compiled, "triton_module", lambda self: built.append(self))
+    m = flexsn_dsl.load(NEURONS / "lif.yaml")
+    assert [m._choose_backend(cuda_input) for _ in range(3)] == ["triton"] * 3 and built == [m._compiled]
+    m.specialize()
+    assert m._choose_backend(cuda_input) == "triton" and built == [built[0], m._compiled]
+
+    def fail(self):
+        built.append(self)
+        raise SpecError("cannot lower")
+    monkeypatch.setattr(Compiled, "triton_module", fail)
+    m = flexsn_dsl.load(NEURONS / "lif.yaml")
+    with pytest.warns(UserWarning, match="cannot build this spec, falling back to torch: .*cannot lower"):
+        assert m._choose_backend(cuda_input) == "torch"
+    assert [m._choose_backend(cuda_input) for _ in range(2)] == ["torch"] * 2 and len(built) == 3
 
 
 # --------------------------------------------------------------------------

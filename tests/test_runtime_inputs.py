@@ -58,6 +58,27 @@ def test_good_launch_settings_are_read_at_launch(stages, autotune, precision, ex
     torch.testing.assert_close(flexsn_dsl.load(LIF, backend="triton")(x), flexsn_dsl.load(LIF, backend="torch")(x))
 
 
+def test_launch_settings_follow_os_environ_even_when_it_is_replaced(monkeypatch):
+    """The settings are read from os.environ at each call: set, changed and deleted through it, and from a
+    plain mapping put in its place."""
+    from flexsn_dsl.triton_runtime import launch_settings
+    for name in ("FLEXSN_DSL_STAGES", "FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_RECURRENT_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+    assert tuple(launch_settings()) == (False, 0, "tf32x3")
+    os.environ["FLEXSN_DSL_STAGES"] = "5"
+    try:
+        assert tuple(launch_settings()) == (False, 5, "tf32x3")
+        os.environ["FLEXSN_DSL_STAGES"] = "x5"
+        with pytest.raises(ValueError, match="^FLEXSN_DSL_STAGES='x5' is not"):
+            launch_settings()
+    finally:
+        del os.environ["FLEXSN_DSL_STAGES"]
+    assert tuple(launch_settings()) == (False, 0, "tf32x3")
+    monkeypatch.setattr(os, "environ", {"FLEXSN_DSL_AUTOTUNE": "1", "FLEXSN_DSL_STAGES": "7",
+                                        "FLEXSN_DSL_RECURRENT_PRECISION": "ieee"})
+    assert tuple(launch_settings()) == (True, 7, "ieee")
+
+
 def test_a_bad_launch_setting_does_not_break_importing_or_the_torch_backend(tmp_path):
     """In a fresh process: importing every module, and the torch backend, ignore the settings."""
     code = ("import torch, flexsn_dsl, flexsn_dsl.triton_runtime, flexsn_dsl.cli\n"
