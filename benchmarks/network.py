@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from flexsn_dsl import PerStep
 from recurrent_bench import recurrent_layer, unavailable  # (benchmarks/ is on sys.path when run)
 from torch_cpu import SigmoidSpike  # the same surrogate as lif.yaml
 
@@ -66,18 +67,6 @@ class LoopLIF(nn.Module):
         pass
 
 
-class MultiStep(nn.Module):
-    """Applies a per-step module to [T, B, ...] by folding T into the batch."""
-
-    def __init__(self, *layers: nn.Module):
-        super().__init__()
-        self.body = nn.Sequential(*layers)
-
-    def forward(self, x):
-        y = self.body(x.flatten(0, 1))
-        return y.unflatten(0, x.shape[:2])
-
-
 def neuron(variant: str, device: str) -> nn.Module:
     if variant == "relu":
         return nn.ReLU()
@@ -97,11 +86,11 @@ def vgg(variant: str, device: str, quick: bool) -> nn.Module:
     widths = (8, 16, 16, 16) if quick else (64, 128, 256, 256)
     layers, c = [], 3
     for i, w in enumerate(widths):
-        layers += [MultiStep(nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w)), neuron(variant, device)]
+        layers += [PerStep(nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w)), neuron(variant, device)]
         if i % 2 == 1:
-            layers.append(MultiStep(nn.MaxPool2d(2)))
+            layers.append(PerStep(nn.MaxPool2d(2)))
         c = w
-    layers += [MultiStep(nn.Flatten(), nn.Linear(c * 8 * 8, 10))]
+    layers += [PerStep(nn.Flatten(), nn.Linear(c * 8 * 8, 10))]
     return nn.Sequential(*layers)
 
 

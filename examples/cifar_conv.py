@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from flexsn_dsl import PerStep
 
 SPEC = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
 
@@ -35,18 +36,6 @@ def synthetic_cifar(n: int, size: int, seed: int, noise: float = 0.6):
     labels = torch.randint(0, 10, (n,), generator=g)
     images = templates[labels] + noise * torch.randn(n, 3, size, size, generator=g)
     return images, labels
-
-
-class PerStep(nn.Module):
-    """Apply a stateless layer to every step of [T, B, ...] at once (as [T*B, ...])."""
-
-    def __init__(self, *layers: nn.Module):
-        super().__init__()
-        self.layers = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.layers(x.flatten(0, 1))
-        return y.reshape(x.shape[0], x.shape[1], *y.shape[1:])
 
 
 def lif(backend: str) -> nn.Module:

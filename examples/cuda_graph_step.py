@@ -26,21 +26,10 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from flexsn_dsl import PerStep
 
 SPEC = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
 WARMUP = 3  # eager steps on a side stream before capture
-
-
-class PerStep(nn.Module):
-    """Apply a stateless layer to every step of [T, B, ...] at once (as [T*B, ...])."""
-
-    def __init__(self, *layers: nn.Module):
-        super().__init__()
-        self.layers = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.layers(x.flatten(0, 1))
-        return y.reshape(x.shape[0], x.shape[1], *y.shape[1:])
 
 
 class ConvSNN(nn.Module):

@@ -37,30 +37,20 @@ import torch.distributed as dist
 from torch import nn
 
 import flexsn_dsl
+from flexsn_dsl import PerStep
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class MultiStep(nn.Module):
-    """Applies per-step layers to [T, B, ...] by folding T into the batch."""
-
-    def __init__(self, *layers: nn.Module):
-        super().__init__()
-        self.body = nn.Sequential(*layers)
-
-    def forward(self, x):
-        return self.body(x.flatten(0, 1)).unflatten(0, x.shape[:2])
 
 
 def vgg(spec: Path, widths: tuple[int, ...], backend: str) -> nn.Sequential:
     layers, c = [], 3
     for i, w in enumerate(widths):
-        conv = MultiStep(nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w))
+        conv = PerStep(nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w))
         layers += [conv, flexsn_dsl.load(spec, backend=backend, sizes={"C": w})]  # C: per-channel parameters
         if i % 2 == 1:
-            layers.append(MultiStep(nn.MaxPool2d(2)))
+            layers.append(PerStep(nn.MaxPool2d(2)))
         c = w
-    layers.append(MultiStep(nn.Flatten(), nn.Linear(c * 8 * 8, 10)))
+    layers.append(PerStep(nn.Flatten(), nn.Linear(c * 8 * 8, 10)))
     return nn.Sequential(*layers)
 
 

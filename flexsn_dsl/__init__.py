@@ -1,8 +1,8 @@
 """flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels.
 
 The runtime (torch, Triton) is imported on first use of :func:`load`, :func:`loads`,
-:class:`FlexSN` or the simulation, so that checking a spec (``flexsn-dsl check``) needs
-only the parser and sympy.
+:class:`FlexSN`, :class:`PerStep` or the simulation, so that checking a spec
+(``flexsn-dsl check``) needs only the parser and sympy.
 """
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from .hookspecs import hookimpl, hookspec
 from .codegen_triton import FlexSNInfo
 
 
-__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PluginError", "ShapeError", "Simulation", "SourcePos",
-           "SpecError", "from_nir", "hookimpl", "hookspec", "load", "loads", "simulate", "to_nir", "__version__"]
+__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PerStep", "PluginError", "ShapeError", "Simulation",
+           "SourcePos", "SpecError", "from_nir", "hookimpl", "hookspec", "load", "loads", "simulate", "to_nir",
+           "__version__"]
 
 
 def __getattr__(name: str):
     if name in ("FlexSN", "load", "loads"):
         from . import runtime as module
+    elif name == "PerStep":
+        from . import layers as module
     elif name in ("Simulation", "simulate"):
         from . import simulation as module
     elif name in ("from_nir", "to_nir"):  # the optional nir package is imported when they are called

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .errors import MissingDependency
+from .layers import PerStep
 from .model import METHODS
 from .runtime import BACKENDS, FlexSN, loads
 from .symbolic import Detach, Spike, language_text, nonlinear_term, real_symbol
@@ -150,18 +151,6 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback
 
 
 # -- the other nodes as torch modules ------------------------------------------------------
-
-class PerStep(nn.Module):
-    """Applies a layer to every step of ``[T, B, ...]`` at once (time folded into the batch)."""
-
-    def __init__(self, layer: nn.Module):
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.layer(x.flatten(0, 1))
-        return y.unflatten(0, x.shape[:2])
-
 
 class Flatten(nn.Module):
     """NIR's Flatten: ``start_dim``/``end_dim`` count the dimensions of one sample (no time, no batch)."""
@@ -859,8 +848,11 @@ _RESHAPES = {"flatten", "unflatten", "view", "reshape", "contiguous"}
 
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
-        return isinstance(m, (FlexSN, PerStep, Flatten, Scale, Threshold, Delay)) or \
-            super().is_leaf_module(m, qualified_name)
+        """Our modules are one node each (a PerStep of one layer: that layer's node); a PerStep of
+        several layers is traced into, a node for each."""
+        if isinstance(m, PerStep):
+            return not isinstance(m.layer, nn.Sequential)
+        return isinstance(m, (FlexSN, Flatten, Scale, Threshold, Delay)) or super().is_leaf_module(m, qualified_name)
 
 
 class _Shapes(torch.fx.Interpreter):

@@ -437,6 +437,29 @@ def test_round_trip_through_a_file(backend, tmp_path):
     assert torch.equal(back(x), want)
 
 
+def test_per_step_layers_export_as_their_nodes(tmp_path):
+    """flexsn_dsl.PerStep of one layer is that layer's node; of several layers, a node each (fx traces into it)."""
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        conv, pool = torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.AvgPool2d(2, divisor_override=1)
+        with torch.no_grad():
+            conv.weight.uniform_(-0.2, 0.2)  # some neurons spike, some never
+        net = torch.nn.Sequential(flexsn_dsl.PerStep(conv, pool), flexsn_dsl.load("neurons/lif_ct.yaml"),
+                                  flexsn_dsl.PerStep(torch.nn.Conv2d(3, 2, 1))).to(DTYPE)
+    net = net.to(torch.get_default_device())
+    x = _rand(6, 2, 2, 4, 4, seed=21, scale=3.0)
+    graph = to_nir(net, x)
+    assert {name: type(n).__name__ for name, n in graph.nodes.items()} == {
+        "input": "Input", "0.layer.0": "Conv2d", "0.layer.1": "SumPool2d", "1": "LIF", "2": "Conv2d",
+        "output": "Output"}
+    nir.write(tmp_path / "net.nir", graph)
+    back = from_nir(tmp_path / "net.nir", dt=1.0, backend="torch").to(DTYPE)
+    spikes = net[:2](x)
+    assert spikes.sum() > 0 and (spikes == 0).sum() > 0
+    net[1].reset()
+    assert torch.equal(back(x), net(x))
+
+
 def test_cli_export_show_import(tmp_path, capsys):
     from flexsn_dsl.cli import main
     path = tmp_path / "cuba.nir"

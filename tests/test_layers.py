@@ -1,0 +1,52 @@
+"""flexsn_dsl.PerStep (time folded into the batch) against the same layers looped over the steps by hand."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flexsn_dsl
+
+DTYPE = torch.float64
+
+
+def test_the_layers_on_every_step_equal_a_loop_over_the_steps():
+    torch.manual_seed(0)
+    conv, fc = nn.Conv2d(3, 4, 3, padding=1).to(DTYPE), nn.Linear(4 * 2 * 2, 5).to(DTYPE)
+    m = flexsn_dsl.PerStep(conv, nn.AvgPool2d(2), nn.Flatten(), fc)
+    x = torch.randn(6, 2, 3, 4, 4, dtype=DTYPE, requires_grad=True)
+    y = m(x)
+    looped = torch.stack([fc(nn.functional.avg_pool2d(conv(x[t]), 2).flatten(1)) for t in range(x.shape[0])])
+    assert y.shape == (6, 2, 5)
+    torch.testing.assert_close(y, looped, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y)
+    wrt = (x, conv.weight, conv.bias, fc.weight)
+    for got, want in zip(torch.autograd.grad(y, wrt, g), torch.autograd.grad(looped, wrt, g)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_batchnorm_normalises_over_every_step_and_batch_row():
+    """In training, the statistics are those of all T*B rows (SpikingJelly's SeqToANNContainer does the same)."""
+    torch.manual_seed(1)
+    bn = nn.BatchNorm2d(3, momentum=0.5).to(DTYPE)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 2.0)
+        bn.bias.uniform_(-1.0, 1.0)
+    x = 3.0 * torch.randn(5, 4, 3, 2, 2, dtype=DTYPE) + 1.0
+    y = flexsn_dsl.PerStep(bn)(x)
+    dims = (0, 1, 3, 4)  # all but the channel
+    mean, var = x.mean(dims, keepdim=True), x.var(dims, unbiased=False, keepdim=True)
+    want = (x - mean) / torch.sqrt(var + bn.eps) * bn.weight.view(3, 1, 1) + bn.bias.view(3, 1, 1)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(bn.running_mean, 0.5 * mean.flatten(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(bn.running_var, 0.5 + 0.5 * x.var(dims, unbiased=True), rtol=1e-12, atol=1e-12)
+
+
+def test_one_layer_is_kept_as_it_is_several_in_a_sequential():
+    conv, pool = nn.Conv2d(1, 2, 3), nn.MaxPool2d(2)
+    assert flexsn_dsl.PerStep(conv).layer is conv
+    assert list(flexsn_dsl.PerStep(nn.Conv2d(1, 2, 3)).state_dict()) == ["layer.weight", "layer.bias"]
+    both = flexsn_dsl.PerStep(conv, pool).layer
+    assert isinstance(both, nn.Sequential) and list(both) == [conv, pool]
+    with pytest.raises(TypeError, match="at least one layer"):
+        flexsn_dsl.PerStep()
