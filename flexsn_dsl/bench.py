@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .console import UsageError, parse_params, parse_sizes
+from .console import UsageError, add_spec_options, parse_params, parse_sizes
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
@@ -50,9 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and the first call with warm caches")
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
     parser.add_argument("--json", metavar="FILE", help="append the results to this JSON file")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
-    parser.add_argument("--size", action="append", default=[], metavar="NAME=N",
-                        help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
+    add_spec_options(parser)
     parser.add_argument("--shape", type=int, nargs="+", default=None, metavar="D",
                         help="the shape of one step of the input (e.g. 32 128 32 32), instead of -n neurons: "
                              "needed by a spec whose parameters have a shape")

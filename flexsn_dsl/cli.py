@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .console import UsageError, escaped_output, parse_params, parse_sizes
+from .console import UsageError, add_spec_options, escaped_output, parse_params, parse_sizes
 from .errors import MissingDependency, SpecError, SpecWarning
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -424,27 +424,16 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("check", cmd_check, "validate spec files or folders of specs")
     p.add_argument("paths", nargs="+", metavar="PATH")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
-    p.add_argument("--size", action="append", default=[], metavar="NAME=N",
-                   help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
-    p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
-                   help="enable a code-generation pass for every spec and check that its IR stage runs (repeatable)")
+    add_spec_options(p, passes="enable a code-generation pass for every spec and check that its IR stage runs "
+                     "(repeatable)")
     p = command("build", cmd_build, "validate specs and write their Triton kernels, torch step and FlexSNInfo")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-o", "--out", default="build", help="output folder (default: build)")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
-    p.add_argument("--size", action="append", default=[], metavar="NAME=N",
-                   help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
-    p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
-                   help="enable a code-generation pass for every spec (repeatable)")
+    add_spec_options(p, passes="enable a code-generation pass for every spec (repeatable)")
     p = command("show", cmd_show, "print a spec's parsed model or one piece of its generated code")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--kernel", choices=KERNEL_CHOICES, default="model", help="what to print (default: model)")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
-    p.add_argument("--size", action="append", default=[], metavar="NAME=N",
-                   help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
-    p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
-                   help="enable a code-generation pass (repeatable)")
+    add_spec_options(p, passes="enable a code-generation pass (repeatable)")
     p = command("simulate", cmd_simulate, "run a neuron on a driving input: spike count, rate, final states; "
                 "plot the traces or an f-I curve")
     p.add_argument("spec", metavar="SPEC")
@@ -457,9 +446,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw the inputs, each state's trace and the spike raster "
                    "(with --fi: the f-I curve); needs matplotlib")
     p.add_argument("--csv", metavar="FILE", help="write the traces (with --fi: input and rate) as CSV")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
-    p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
-                   help="enable a code-generation pass (repeatable)")
+    add_spec_options(p, sizes=False, passes="enable a code-generation pass (repeatable)")
     p = command("plugins", cmd_plugins, "list plugins, surrogates and code-generation passes, with where each "
                 "came from (exit 1 if a plugin is broken)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -481,9 +468,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("-o", "--out", required=True, metavar="FILE.nir")
     q.add_argument("--shape", required=True, metavar="N[,N...]", help="the layer's shape, e.g. 128 or 3,32,32")
     q.add_argument("--dt", type=float, help="a `step` spec's step length (it is exported as an Euler step)")
-    q.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
-    q.add_argument("--size", action="append", default=[], metavar="NAME=N",
-                   help="a size named in parameter shapes (repeatable)")
+    add_spec_options(q)
     for q in nir_sub.choices.values():
         q.set_defaults(plugin=[])
     p = command("bench", cmd_bench, "time the generated kernels against torch loops and peers")

@@ -1,7 +1,8 @@
-"""What the command-line tools (cli.py, bench.py) share: ``--param`` and ``--size`` parsing, usage
-errors, and output with terminal control characters escaped."""
+"""What the command-line tools (cli.py, bench.py) share: the ``--param``, ``--size`` and ``--pass``
+options and their parsing, usage errors, and output with terminal control characters escaped."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import re
 import sys
@@ -46,6 +47,17 @@ def escaped_output() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def add_spec_options(parser: argparse.ArgumentParser, sizes: bool = True, passes: str | None = None) -> None:
+    """Add ``--param NAME=VALUE``, with ``sizes`` ``--size NAME=N``, and with ``passes`` (its help)
+    ``--pass NAME`` (into ``passes``): each repeatable, read by :func:`parse_params` and :func:`parse_sizes`."""
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
+    if sizes:
+        parser.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                            help="a size named in parameter shapes, e.g. --size C=64 (repeatable)")
+    if passes is not None:
+        parser.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME", help=passes)
 
 
 def parse_params(items: Sequence[str]) -> dict[str, float]:
