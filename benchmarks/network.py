@@ -37,6 +37,7 @@ from torch import nn
 
 import flexsn_dsl
 from flexsn_dsl import PerStep
+from flexsn_dsl.bench import _timer
 from recurrent_bench import recurrent_layer, unavailable  # (benchmarks/ is on sys.path when run)
 from torch_cpu import SigmoidSpike  # the same surrogate as lif.yaml
 
@@ -187,19 +188,14 @@ def profile_step(step, device: str, steps: int = 10, rows: int = 25) -> None:
 def measure(step, device: str) -> dict:
     for _ in range(3):
         step()  # warm-up (compilation, autotuning, cudnn choice)
+    timer = _timer(torch.device(device), repeats=3, warmup_ms=25)
     if device == "cuda":
-        from triton.testing import do_bench
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        ms = do_bench(step, warmup=25, rep=200, return_mode="median")
+        ms = timer(step)
         return {"ms": ms, "host_ms": host_ms_per_step(step, device), "gpu_ms": gpu_ms_per_step(step),
                 "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"ms": statistics.median(times), "host_ms": None, "gpu_ms": None, "peak_mib": None}
+    return {"ms": timer(step), "host_ms": None, "gpu_ms": None, "peak_mib": None}
 
 
 def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_peers: bool = False,

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from flexsn_dsl.bench import _timer
 from flexsn_dsl.triton_runtime import launch_settings
 from torch_cpu import SigmoidSpike  # rlif.yaml's surrogate (benchmarks/ is on sys.path when run)
 
@@ -174,20 +174,6 @@ class Net(nn.Module):
         return self.fc_out(self.rec(self.fc_in(x)).mean(0))
 
 
-def timed_ms(fn, device: str, repeat: int) -> float:
-    """Median milliseconds of ``fn`` (CUDA: triton's do_bench; CPU: wall clock over ``repeat`` calls)."""
-    fn()
-    if device == "cuda":
-        import triton.testing
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def sequences_moved(info) -> int:
     """[T, B, N] tensors the fused kernels and the weight gradient read or write (from the kernels'
     FlexSNInfo): forward reads the inputs and writes outputs, saved values and r (if the backward
@@ -228,6 +214,7 @@ def grad_error(n: int, args, dtype: torch.dtype) -> float:
 
 def run(args) -> list[dict]:
     rows = []
+    timer = _timer(torch.device(args.device), repeats=args.repeat, warmup_ms=25, rep_ms=100)
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         for n in args.n:
@@ -267,8 +254,7 @@ def run(args) -> list[dict]:
                     rec(inp).float().sum().backward()
 
                 row = {"N": n, "variant": variant, "dtype": dtype_name, "precision": precision,
-                       "step_ms": timed_ms(train_step, args.device, args.repeat),
-                       "layer_ms": timed_ms(layer_step, args.device, args.repeat), **floor}
+                       "step_ms": timer(train_step), "layer_ms": timer(layer_step), **floor}
                 row["layer_vs_floor"] = row["layer_ms"] / row["floor_ms"]
                 if variant == "ours":
                     row["grad_err"] = grad_error(n, args, dtype)

@@ -118,12 +118,15 @@ def graph_replay_ms(fn: Callable, replays: int = 20, rounds: int = 7) -> float:
     return statistics.median(times)
 
 
-def _timer(device) -> Callable[[Callable], float]:
+def _timer(device, repeats: int = 5, warmup_ms: int = 50, rep_ms: int = 200) -> Callable[[Callable], float]:
+    """Median milliseconds of a call of ``fn``: on CUDA triton's ``do_bench`` (``warmup_ms`` of
+    warm-up calls, then ``rep_ms`` of timed ones), elsewhere the wall clock of ``repeats`` calls
+    after one warm-up call."""
     if device.type == "cuda":
         from triton.testing import do_bench
-        return lambda fn: do_bench(fn, warmup=50, rep=200, return_mode="median")
+        return lambda fn: do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
-    def cpu(fn, repeats: int = 5) -> float:
+    def cpu(fn) -> float:
         fn()
         times = []
         for _ in range(repeats):
