@@ -125,6 +125,16 @@ def _if(flag: str, then: list[str], otherwise: list[str] | None = None) -> list[
     return lines + ([f"{I1}else:"] + [I1 + line for line in otherwise] if otherwise else [])
 
 
+def _initial_states(info: FlexSNInfo, shape: str) -> list[str]:
+    """The states before step 0, read from ``<state>__init``; a spec with constant initial values
+    has ``_CONST_INIT``, which fills them (``shape``: the program's block) instead."""
+    loads = [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
+    if not info.initial_values:
+        return loads
+    return _if("_CONST_INIT", [f"{I1}{n} = tl.full({shape}, {float_literal(v)}, _DTYPE)"
+                               for n, v in zip(info.state_names, info.initial_values)], loads)
+
+
 def _head() -> list[str]:
     return [f"{I1}_offs = tl.program_id(0) * _BLOCK + tl.arange(0, _BLOCK)", f"{I1}_mask = _offs < _N"]
 
@@ -159,12 +169,7 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
     lines += _head() + _params_load(info)
-    loads = [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
-    if info.initial_values:
-        lines += _if("_CONST_INIT", [f"{I1}{n} = tl.full([_BLOCK], {float_literal(v)}, _DTYPE)"
-                                     for n, v in zip(info.state_names, info.initial_values)], loads)
-    else:
-        lines += loads
+    lines += _initial_states(info, "[_BLOCK]")
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
     lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
@@ -317,12 +322,7 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""))
     lines += [f'{I1}"""Recurrent forward of {info.neuron} over _T steps for _BLOCK_B rows of the batch."""']
     lines += _recurrent_head() + _params_load(info)
-    loads = [f"{I1}{n} = {_load(f'{n}__init + _offs')}" for n in info.state_names]
-    if info.initial_values:
-        lines += _if("_CONST_INIT", [f"{I1}{n} = tl.full([_BLOCK_B, _NP], {float_literal(v)}, _DTYPE)"
-                                     for n, v in zip(info.state_names, info.initial_values)], loads)
-    else:
-        lines += loads
+    lines += _initial_states(info, "[_BLOCK_B, _NP]")
     lines += [f"{I1}_prev = {_load(f'{r}__init + _offs')}"]
     walking = [f"{n}__in" for n in inputs] + written + kept
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
