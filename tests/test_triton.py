@@ -144,6 +144,30 @@ def test_torch_compile_fullgraph_triton_backend(spec):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_torch_compile_without_gradients_runs_the_inference_kernels(monkeypatch, fresh_dynamo):
+    """A compiled module under no_grad gives the eager results (outputs, state sequences, final states,
+    carried to a second call) from the inference kernels: nothing is saved for a backward."""
+    from flexsn_dsl import triton_runtime as tr
+    torch.manual_seed(1)
+    m = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton", store_state_seqs=True).double()
+    xs = [torch.rand(5, 2, 7, dtype=torch.float64) * 2 for _ in range(2)]
+
+    def run(module):
+        m.reset()
+        with torch.no_grad():
+            ys = [module(x) for x in xs]
+        return ys + [m.states["v"], m.state_seqs["v"]]
+
+    eager = run(m)
+    modes = []
+    forward = tr._forward
+    monkeypatch.setattr(tr, "_forward", lambda plan, *args: modes.append(args[5]) or forward(plan, *args))
+    compiled = run(torch.compile(m, fullgraph=True))
+    assert modes == [False, False]  # (the second call from the carried states)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_detach_allows_truncated_bptt():
     m = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton")
     x = torch.rand(3, 9) * 2
