@@ -189,6 +189,7 @@ class Plan:
         # what a call reads from INFO, once: counts, and whether each shaped parameter is learnable
         self.n_out, self.n_st, self.n_saved = info.num_outputs, info.num_states, len(info.saved_names)
         self.learnable = tuple(name in info.param_names for name in info.shaped_names)
+        self.kept_inputs = kept_inputs(info)
         self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
         self.autotuned = settings.autotune and not kernels.interpret
@@ -333,14 +334,21 @@ def _present(grads: Sequence[torch.Tensor | None], shape: Sequence[int], like: t
     return None
 
 
+def kept_inputs(info) -> tuple[bool, ...]:
+    """Whether the backward kernel reads each input: the others are not kept for the backward."""
+    return tuple(("input", i) in info.c2k_return_mapping for i in range(len(info.input_names)))
+
+
 def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool):
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
-    and final states; ``xs`` and ``outs`` as :func:`_forward` returned them."""
+    and final states; ``xs`` and ``outs`` as :func:`_forward` returned them, None for the inputs
+    the kernel does not read (:func:`kept_inputs`)."""
     T, n, shape, step = plan.T, plan.n, plan.shape, plan.step_sizes
     n_out, n_st = plan.n_out, plan.n_st
-    like = xs[0]
+    like = outs[0]  # (a spec has outputs) of the inputs' shape, dtype and device, contiguous
+    xs = [like if x is None else x for x in xs]  # (any pointer for an input the kernel does not read)
     grad_outs = _present(grads[:n_out], shape, like) or [like.new_zeros(shape) for _ in range(n_out)]
     grad_seqs = _present(grads[n_out:n_out + n_st], shape, like) if store_seqs else None
     grad_finals = _present(grads[len(grads) - n_st:], step, like) if n_st else None
@@ -397,7 +405,8 @@ class _TritonSteps(torch.autograd.Function):
         shaped, xs, inits = tensors[:n_shaped], tensors[n_shaped:n_x], tensors[n_x:]
         outs, saved, seqs, finals, xs = _forward(plan, xs, inits, params, shaped, layout, True, store_seqs)
         ctx.call, ctx.n_saved, ctx.n_inits = call, len(saved), len(inits)
-        ctx.save_for_backward(params, *shaped, *saved, *xs, *outs)
+        ctx.save_for_backward(params, *shaped, *saved, *[x if keep else None for x, keep in zip(xs, plan.kept_inputs)],
+                              *outs)
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*outs, *seqs, *finals)
 
@@ -424,7 +433,7 @@ _LIBRARY.define("fused_steps(str key, bool store_seqs, Tensor[] xs, Tensor[] ini
                 "SymInt[] layout) -> Tensor[]")
 _LIBRARY.define("fused_forward(str key, bool store_seqs, Tensor[] xs, Tensor[] inits, Tensor? params, "
                 "Tensor[] shaped, SymInt[] layout, bool training) -> Tensor[]")
-_LIBRARY.define("fused_backward(str key, bool store_seqs, Tensor?[] grads, Tensor[] saved, Tensor[] xs, Tensor[] outs, "
+_LIBRARY.define("fused_backward(str key, bool store_seqs, Tensor?[] grads, Tensor[] saved, Tensor?[] xs, Tensor[] outs, "
                 "Tensor? params, Tensor[] shaped, SymInt[] layout, bool init_grads) -> Tensor[]")
 
 
@@ -462,21 +471,21 @@ def _stack(params: list[torch.Tensor]) -> torch.Tensor | None:
 
 
 def _fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None], saved: list[torch.Tensor],
-                    xs: list[torch.Tensor], outs: list[torch.Tensor], params: torch.Tensor | None,
+                    xs: list[torch.Tensor | None], outs: list[torch.Tensor], params: torch.Tensor | None,
                     shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
     """Gradients of inputs, initial states (when ``init_grads``), the scalar parameters (when ``params``
     is given), then each learnable shaped parameter, from the upstream gradients (None where there
     are none)."""
     grad_x, grad_init, grad_params, grad_shaped = _backward(
-        _plan_for(key, xs[0]), store_seqs, grads, saved, [_contiguous(x) for x in xs], outs, params, shaped, layout,
-        init_grads)
+        _plan_for(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs], outs,
+        params, shaped, layout, init_grads)
     return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
             *[g for g in grad_shaped if g is not None]]
 
 
 def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, shaped, layout, init_grads):
     info = _REGISTRY[key].info
-    x = xs[0]
+    x = outs[0]
     return ([x.new_empty(x.shape) for _ in xs] +
             ([x.new_empty(x.shape[1:]) for _ in info.state_names] if init_grads else []) +
             ([params.new_empty(params.shape)] if params is not None else []) +
@@ -507,7 +516,8 @@ class _CompiledSteps(torch.autograd.Function):
         results = fused_forward(key, store_seqs, xs, inits, param_vec, shaped, list(layout), True)
         n_out, n_saved = info.num_outputs, len(info.saved_names)
         ctx.call = call
-        ctx.save_for_backward(param_vec, *shaped, *results[n_out:n_out + n_saved], *xs, *results[:n_out])
+        ctx.save_for_backward(param_vec, *shaped, *results[n_out:n_out + n_saved],
+                              *[x if keep else None for x, keep in zip(xs, kept_inputs(info))], *results[:n_out])
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*results[:n_out], *results[n_out + n_saved:])
 
