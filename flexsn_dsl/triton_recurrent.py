@@ -19,7 +19,7 @@ from .compiler import Compiled
 from .errors import SpecError
 from .names import kernel_name
 from .triton_runtime import (_REGISTRY, Kernels, _compute_dtype, _kernels_for, _param_args, _stack,
-                             _torch_compute_dtype, interpreting, kernel_params, launch_settings)
+                             _torch_compute_dtype, interpreting, kernel_params, launch_settings, on_device)
 
 BLOCK_B = 16      # rows of the batch per program (tl.dot needs at least 16)
 MAX_N = 512       # features one program holds
@@ -163,7 +163,8 @@ def recurrent_forward(key: str, xs: list[torch.Tensor], inits: list[torch.Tensor
                       layout: list[int]) -> list[torch.Tensor]:
     """See :func:`_forward`; ``params`` holds each learnable scalar parameter as a 0-dim tensor,
     ``shaped`` and ``layout`` the shaped parameters (:func:`flexsn_dsl.triton_runtime.kernel_params`)."""
-    return _forward(_kernels_for(key, xs[0]), xs, inits, prev, weight, params, shaped, layout)
+    with on_device(xs[0]):
+        return _forward(_kernels_for(key, xs[0]), xs, inits, prev, weight, params, shaped, layout)
 
 
 @recurrent_forward.register_fake
@@ -182,8 +183,9 @@ def recurrent_backward(key: str, grads: list[torch.Tensor | None], saved: list[t
                        outs: list[torch.Tensor], prev: torch.Tensor, weight: torch.Tensor, params: list[torch.Tensor],
                        shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
     """See :func:`_backward`."""
-    return _backward(_kernels_for(key, xs[0]), grads, saved, xs, outs, prev, weight, params, shaped, layout,
-                     init_grads)
+    with on_device(xs[0]):
+        return _backward(_kernels_for(key, xs[0]), grads, saved, xs, outs, prev, weight, params, shaped, layout,
+                         init_grads)
 
 
 @recurrent_backward.register_fake

@@ -1,6 +1,7 @@
 """Launching the generated kernels: block sizes, the autograd Function, the interpreter on CPU."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -285,6 +286,18 @@ def _shaped_gradient(partial: torch.Tensor, size: int) -> torch.Tensor:
     return partial.view(partial.shape[0], -1, size, partial.shape[2]).sum((0, 1, 3))
 
 
+def on_device(like: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Make ``like``'s GPU the current one for the launches inside (Triton launches on the current
+    device, whatever device the tensors are on): a CUDA device guard when it is not current, else
+    nothing (CPU tensors, the usual one-GPU-per-process case). Called where kernels launch, never
+    while torch.compile traces."""
+    if like.is_cuda:
+        index = like.get_device()
+        if index != torch.cuda.current_device():
+            return torch.cuda.device(index)
+    return contextlib.nullcontext()
+
+
 def _contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
@@ -453,8 +466,9 @@ def _fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: li
     is empty when the states start from the spec's constant initial values; ``params`` is the
     learnable scalar parameters' vector (None when none); ``shaped`` and ``layout`` are the shaped
     parameters' values and (inner, size) pairs (:func:`shaped_view`)."""
-    outs, saved, seqs, finals, _ = _forward(_plan_for(key, xs[0]), xs, inits, params, shaped, layout, training,
-                                            store_seqs)
+    with on_device(xs[0]):
+        outs, saved, seqs, finals, _ = _forward(_plan_for(key, xs[0]), xs, inits, params, shaped, layout, training,
+                                                store_seqs)
     return [*outs, *saved, *seqs, *finals]
 
 
@@ -477,9 +491,10 @@ def _fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None]
     """Gradients of inputs, initial states (when ``init_grads``), the scalar parameters (when ``params``
     is given), then each learnable shaped parameter, from the upstream gradients (None where there
     are none)."""
-    grad_x, grad_init, grad_params, grad_shaped = _backward(
-        _plan_for(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs], outs,
-        params, shaped, layout, init_grads)
+    with on_device(outs[0]):
+        grad_x, grad_init, grad_params, grad_shaped = _backward(
+            _plan_for(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs],
+            outs, params, shaped, layout, init_grads)
     return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
             *[g for g in grad_shaped if g is not None]]
 
@@ -614,10 +629,12 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     param_vec = _stack(param_list)
     if not (torch.is_grad_enabled() and (_requires_grad(inputs) or _requires_grad(states) or _requires_grad(shaped)
                                          or (param_vec is not None and param_vec.requires_grad))):
-        outs, _, seqs, finals, _ = _forward(plan, inputs, states, param_vec, shaped, layout, False, store_seqs)
+        with on_device(like):
+            outs, _, seqs, finals, _ = _forward(plan, inputs, states, param_vec, shaped, layout, False, store_seqs)
         return outs, finals, seqs
-    results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped)), param_vec, *shaped,
-                                 *inputs, *states)
+    with on_device(like):  # (the backward runs on the autograd engine's thread for that device)
+        results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped)), param_vec, *shaped,
+                                     *inputs, *states)
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
     return outs, list(results[len(results) - n_st:]), seqs

@@ -438,6 +438,35 @@ def test_backend_auto_builds_the_kernels_once_per_generated_code(monkeypatch):
     assert [m._choose_backend(cuda_input) for _ in range(2)] == ["torch"] * 2 and len(built) == 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("spec,sizes", [("lif", None), ("plif", None), ("rlif", {"N": 16})])
+def test_triton_runs_on_the_inputs_gpu_when_another_is_current(spec, sizes):
+    """Triton launches on the current device: with cuda:0 current, a module and inputs on cuda:1 give the
+    torch backend's outputs, final states and gradients there (inference and training), and cuda:0
+    stays current."""
+    torch.manual_seed(3)
+    device = torch.device("cuda", 1)
+    ours = flexsn_dsl.load(NEURONS / f"{spec}.yaml", backend="triton", sizes=sizes).to(device, F64)
+    reference = flexsn_dsl.load(NEURONS / f"{spec}.yaml", backend="torch", sizes=sizes).to(device, F64)
+    reference.load_state_dict(ours.state_dict())
+    x = (2 * torch.rand(5, 3, 16, dtype=F64, device=device)).requires_grad_(True)
+    with torch.cuda.device(0):
+        results = []
+        for m in (ours, reference):
+            m.reset()
+            with torch.no_grad():
+                inference = m(x)
+            m.reset()
+            y = m(x)
+            grads = torch.autograd.grad((y * torch.arange(16, device=device)).sum() + m.states["v"].sum(),
+                                        [x, *m.parameters()])
+            results.append([inference, y, m.states["v"], *grads])
+        assert torch.cuda.current_device() == 0
+    assert results[1][0].sum() > 0  # some spikes
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **TIGHT)
+
+
 # --------------------------------------------------------------------------
 # inputs: several, positional; wrong count or shape; single-step mode
 # --------------------------------------------------------------------------
