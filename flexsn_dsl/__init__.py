@@ -1,8 +1,8 @@
 """flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels.
 
 The runtime (torch, Triton) is imported on first use of :func:`load`, :func:`loads`,
-:class:`FlexSN`, :class:`PerStep` or the simulation, so that checking a spec
-(``flexsn-dsl check``) needs only the parser and sympy.
+:class:`FlexSN` or the simulation, and torch alone on first use of :class:`PerStep`, so that
+checking a spec (``flexsn-dsl check``) needs only the parser and sympy.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import sympy

@@ -575,7 +575,8 @@ fused_steps = torch.ops.flexsn_dsl.fused_steps.default
 
 
 def register(compiled: Compiled) -> str:
-    """Make a spec's kernels reachable by name from the custom operators (for torch.compile)."""
+    """Make a spec's kernels reachable by name from the operators (``fused_steps`` and those it calls, for
+    torch.compile; the recurrent ones)."""
     _REGISTRY[compiled.module_name] = compiled
     return compiled.module_name
 

@@ -1,6 +1,6 @@
 """The Triton backend's own machinery, run through Triton's interpreter on the CPU:
 symbolic backward against finite differences, what the forward saves, the kernel cache,
-torch.compile(fullgraph=True) around the custom operators, and the bench command."""
+torch.compile(fullgraph=True) around the operators, and the bench command."""
 from __future__ import annotations
 
 import json
