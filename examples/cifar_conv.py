@@ -58,9 +58,7 @@ class ConvSNN(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         scores = self.features(images.expand(self.steps, *images.shape)).mean(0)
-        for m in self.modules():
-            if isinstance(m, flexsn_dsl.FlexSN):
-                m.reset()
+        flexsn_dsl.reset_net(self)
         return scores
 
 

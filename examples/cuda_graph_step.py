@@ -45,9 +45,7 @@ class ConvSNN(nn.Module):
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        for m in self.modules():  # every sequence starts from the initial states
-            if isinstance(m, flexsn_dsl.FlexSN):
-                m.reset()
+        flexsn_dsl.reset_net(self)  # every sequence starts from the initial states
         return self.features(images.expand(self.steps, *images.shape)).mean(0)
 
 

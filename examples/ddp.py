@@ -54,12 +54,6 @@ def vgg(spec: Path, widths: tuple[int, ...], backend: str) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def reset(model: nn.Module) -> None:
-    for m in model.modules():
-        if isinstance(m, flexsn_dsl.FlexSN):
-            m.reset()
-
-
 def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x).mean(0), y)
 
@@ -108,7 +102,7 @@ def check(args, model: nn.Module, reference: nn.Module | None, device, rank: int
             for r in range(world):
                 part = slice(r * args.batch, (r + 1) * args.batch)
                 (loss_of(reference, x[:, part], y[part]) / world).backward()
-                reset(reference)
+                flexsn_dsl.reset_net(reference)
         worst = 0.0
         for n, p in reference.named_parameters():
             ref = p.grad.detach().cpu()
@@ -119,7 +113,7 @@ def check(args, model: nn.Module, reference: nn.Module | None, device, rank: int
         print(f"check: {len(grads)} parameter gradients ({len(ours)} of them ours), "
               f"max relative error {worst:.3g} (tolerance {args.tol:g})")
         status = 0 if worst <= args.tol else 1
-    reset(model)
+    flexsn_dsl.reset_net(model)
     return status
 
 
@@ -142,7 +136,7 @@ def train(args, model: nn.Module, device, rank: int, world: int) -> None:
             p.grad /= world
         opt.step()
         opt.zero_grad(set_to_none=True)
-        reset(model)
+        flexsn_dsl.reset_net(model)
         return loss
 
     for i in range(args.warmup):

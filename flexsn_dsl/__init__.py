@@ -1,8 +1,8 @@
 """flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels.
 
 The runtime (torch, Triton) is imported on first use of :func:`load`, :func:`loads`,
-:class:`FlexSN` or the simulation, and torch alone on first use of :class:`PerStep`, so that
-checking a spec (``flexsn-dsl check``) needs only the parser and sympy.
+:class:`FlexSN`, :func:`reset_net` or the simulation, and torch alone on first use of :class:`PerStep`, so
+that checking a spec (``flexsn-dsl check``) needs only the parser and sympy.
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from .codegen_triton import FlexSNInfo
 
 
 __all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PerStep", "PluginError", "ShapeError", "Simulation",
-           "SourcePos", "SpecError", "from_nir", "hookimpl", "hookspec", "load", "loads", "simulate", "to_nir",
-           "__version__"]
+           "SourcePos", "SpecError", "detach_net", "from_nir", "hookimpl", "hookspec", "load", "loads",
+           "reset_net", "simulate", "to_nir", "__version__"]
 
 
 def __getattr__(name: str):
-    if name in ("FlexSN", "load", "loads"):
+    if name in ("FlexSN", "detach_net", "load", "loads", "reset_net"):
         from . import runtime as module
     elif name == "PerStep":
         from . import layers as module

@@ -439,6 +439,28 @@ def _stack(values: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return torch.stack(values)
 
 
+def reset_net(net: nn.Module) -> int:
+    """``reset()`` every flexsn-dsl neuron in ``net`` (``net`` itself included), as SpikingJelly's
+    ``functional.reset_net``: call it between independent sequences. Returns how many were reset."""
+    neurons = _neurons(net)
+    for m in neurons:
+        m.reset()
+    return len(neurons)
+
+
+def detach_net(net: nn.Module) -> int:
+    """``detach()`` every flexsn-dsl neuron in ``net``: truncated backpropagation through time
+    across calls (the states keep their values). Returns how many were detached."""
+    neurons = _neurons(net)
+    for m in neurons:
+        m.detach()
+    return len(neurons)
+
+
+def _neurons(net: nn.Module) -> list[FlexSN]:
+    return [m for m in net.modules() if isinstance(m, FlexSN)]
+
+
 def load(path: str | os.PathLike, params: dict[str, float | torch.Tensor] | None = None, step_mode: str = "m",
          backend: str = "auto", store_state_seqs: bool = False, plugins: Iterable[str] = (),
          passes: Iterable[str] = (), sizes: dict[str, int] | None = None) -> FlexSN:

@@ -1,6 +1,9 @@
 """flexsn_dsl.PerStep (time folded into the batch) against the same layers looped over the steps by hand."""
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -50,3 +53,45 @@ def test_one_layer_is_kept_as_it_is_several_in_a_sequential():
     assert isinstance(both, nn.Sequential) and list(both) == [conv, pool]
     with pytest.raises(TypeError, match="at least one layer"):
         flexsn_dsl.PerStep()
+
+
+def _spiking_net() -> nn.Sequential:
+    lif = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
+    net = nn.Sequential(flexsn_dsl.PerStep(nn.Linear(5, 6)), flexsn_dsl.load(lif, backend="torch"),
+                         flexsn_dsl.PerStep(nn.Linear(6, 4)), flexsn_dsl.load(lif, backend="torch")).double()
+    with torch.no_grad():  # positive weights: both layers spike
+        for layer in (net[0].layer, net[2].layer):
+            layer.weight.uniform_(0.1, 0.6)
+    return net
+
+
+def test_reset_net_resets_every_neuron_like_a_fresh_network():
+    torch.manual_seed(0)
+    net = _spiking_net()
+    fresh = copy.deepcopy(net)  # never run: every neuron at rest
+    x1, x2 = (torch.rand(7, 3, 5, dtype=torch.float64) * 4 for _ in range(2))
+    net(x1)
+    carried = net(x2)
+    from_rest = fresh(x2)
+    assert not torch.equal(carried, from_rest)  # the states carried from x1 change the output
+    assert flexsn_dsl.reset_net(net) == 2
+    assert torch.equal(net(x2), from_rest)
+
+
+def test_detach_net_cuts_the_graph_of_earlier_calls_but_keeps_the_states():
+    torch.manual_seed(1)
+    net = _spiking_net()
+    whole = copy.deepcopy(net)  # the same calls without the cut
+    x1 = (torch.rand(7, 3, 5, dtype=torch.float64) * 4).requires_grad_()
+    x2 = torch.rand(7, 3, 5, dtype=torch.float64) * 4
+    net(x1)
+    assert flexsn_dsl.detach_net(net) == 2
+    y = net(x2)
+    whole(x1)
+    y_whole = whole(x2)
+    assert torch.equal(y, y_whole)  # same values: the states were kept
+    y_whole.sum().backward()
+    assert x1.grad is not None and x1.grad.abs().sum() > 0  # without the cut the gradient reaches x1
+    x1.grad = None
+    y.sum().backward()
+    assert x1.grad is None  # with it, nothing reaches the earlier call's input
