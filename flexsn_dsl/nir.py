@@ -849,9 +849,9 @@ _RESHAPES = {"flatten", "unflatten", "view", "reshape", "contiguous"}
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
         """Our modules are one node each (a PerStep of one layer: that layer's node); a PerStep of
-        several layers is traced into, a node for each."""
+        several layers, or of a reshape or pass-through layer (no node of its own), is traced into."""
         if isinstance(m, PerStep):
-            return not isinstance(m.layer, nn.Sequential)
+            return not isinstance(m.layer, (nn.Sequential, nn.Flatten, *_PASS_THROUGH))
         return isinstance(m, (FlexSN, Flatten, Scale, Threshold, Delay)) or super().is_leaf_module(m, qualified_name)
 
 

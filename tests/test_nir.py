@@ -460,6 +460,25 @@ def test_per_step_layers_export_as_their_nodes(tmp_path):
     assert torch.equal(back(x), net(x))
 
 
+def test_per_step_flatten_and_dropout_export_as_bare_ones_do():
+    """PerStep(nn.Flatten()) is NIR's Flatten and PerStep(nn.Dropout()) passes through (in eval mode), as
+    without PerStep; the graph read back runs as the network."""
+    torch.manual_seed(1)
+    with torch.device("cpu"):
+        fc = torch.nn.Linear(2 * 4 * 4, 3)
+        net = torch.nn.Sequential(flexsn_dsl.PerStep(torch.nn.Dropout(0.5)), flexsn_dsl.load("neurons/lif_ct.yaml"),
+                                  flexsn_dsl.PerStep(torch.nn.Flatten()), flexsn_dsl.PerStep(fc)).to(DTYPE).eval()
+    net = net.to(torch.get_default_device())
+    x = _rand(5, 2, 2, 4, 4, seed=22, scale=3.0)
+    graph = to_nir(net, x)
+    assert [type(n).__name__ for n in graph.nodes.values()] == ["Input", "LIF", "Flatten", "Affine", "Output"]
+    back = from_nir(graph, dt=1.0, backend="torch").to(DTYPE)
+    want = net(x)
+    assert net[1](x).sum() > 0 and want.abs().sum() > 0
+    net[1].reset()
+    assert torch.equal(back(x), net(x))
+
+
 def test_cli_export_show_import(tmp_path, capsys):
     from flexsn_dsl.cli import main
     path = tmp_path / "cuba.nir"
