@@ -11,6 +11,7 @@ The backward runs the reverse recursion the same way with W. The weight gradient
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -51,12 +52,22 @@ def _dot_dtype(dtype: torch.dtype):
     return tl.float16 if dtype == torch.float16 else tl.bfloat16
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's ``input_precision`` for the step's product: the launch setting
+def _dot_precision(x: torch.Tensor) -> str:
+    """tl.dot's ``input_precision`` for the step's product on inputs like ``x``: the launch setting
     (``$FLEXSN_DSL_RECURRENT_PRECISION``, read and checked at every launch) for float32; "ieee" for
-    float64 (tl.dot has no other) and 16-bit operands (multiplied in 16 bits whatever the setting)."""
+    float64 (tl.dot has no other) and 16-bit operands (multiplied in 16 bits whatever the setting),
+    and on a GPU without TF32 tensor cores (before compute capability 8.0, where torch's
+    ``allow_tf32`` has no effect either)."""
     precision = launch_settings().recurrent_precision
-    return precision if dtype == torch.float32 else "ieee"
+    if x.dtype != torch.float32 or (x.is_cuda and precision != "ieee" and not _tf32_cores(x.device.index)):
+        return "ieee"
+    return precision
+
+
+@functools.lru_cache(maxsize=None)
+def _tf32_cores(index: int) -> bool:
+    """Whether CUDA device ``index`` has TF32 tensor cores (compute capability 8.0 and later)."""
+    return torch.cuda.get_device_capability(index)[0] >= 8
 
 
 def _blocks(b: int) -> int:
@@ -107,7 +118,7 @@ def _meta(x: torch.Tensor, T: int, B: int, N: int) -> dict:
     padded = _padded(N)
     warps = {} if interpreting() else {"num_warps": 8 if padded >= 256 else 4}
     return dict(_T=T, _B=B, _N=N, _BLOCK_B=BLOCK_B, _NP=padded, _BLOCK_K=min(padded, max(16, W_SLICE // padded)),
-                _DTYPE=_compute_dtype(x.dtype), _DOT_DTYPE=_dot_dtype(x.dtype), _PRECISION=_dot_precision(x.dtype),
+                _DTYPE=_compute_dtype(x.dtype), _DOT_DTYPE=_dot_dtype(x.dtype), _PRECISION=_dot_precision(x),
                 **warps)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -612,6 +613,18 @@ def test_the_setting_sets_float32_products_only(precision, monkeypatch):
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         want = (precision.strip() or "tf32x3") if dtype == torch.float32 else "ieee"
         assert _meta(torch.zeros(2, dtype=dtype), 3, 2, 5)["_PRECISION"] == want
+
+
+@pytest.mark.parametrize("precision", ["", "tf32x3", "tf32", "ieee"])
+def test_gpus_without_tf32_cores_multiply_in_ieee(precision, monkeypatch):
+    """Before compute capability 8.0 there are no TF32 tensor cores: float32 products run in IEEE
+    there whatever the setting (as torch's allow_tf32), and in the setting's precision on newer GPUs."""
+    from flexsn_dsl import triton_recurrent
+    monkeypatch.setenv("FLEXSN_DSL_RECURRENT_PRECISION", precision)
+    on_gpu = types.SimpleNamespace(dtype=torch.float32, is_cuda=True, device=torch.device("cuda", 0))
+    for cores, want in ((False, "ieee"), (True, precision or "tf32x3")):
+        monkeypatch.setattr(triton_recurrent, "_tf32_cores", lambda index, cores=cores: cores)
+        assert triton_recurrent._dot_precision(on_gpu) == want
 
 
 @pytest.mark.parametrize("value", ["fp32", "TF32", "tf32x3,ieee", "3"])
