@@ -11,6 +11,7 @@ minimum vertex cut of the step's dependency graph (max-flow), polynomial in the 
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import sympy
@@ -139,12 +140,10 @@ def share_reciprocals(backward: Backward) -> Backward:
         kept |= frontier
     rewritten = [e for s, e in backward.recompute if s not in kept] + exprs[len(recompute):]
     gradients = set(backward.seeds) | {s for s, _ in backward.adjoints}
-    sites: dict[sympy.Expr, int] = {}
-    for expr in rewritten:
-        for node in _arithmetic(expr):
-            if isinstance(node, sympy.Pow) and node.exp.is_Integer and node.exp < 0 and \
-                    not node.base.is_number and not node.base.free_symbols & gradients:
-                sites[node.base] = sites.get(node.base, 0) + 1
+    divisions = [node for expr in rewritten for node in _arithmetic(expr)
+                 if isinstance(node, sympy.Pow) and node.exp.is_Integer and node.exp < 0 and
+                 not node.base.is_number and not node.base.free_symbols & gradients]
+    sites = Counter(node.base for node in divisions)
     shared = sorted((b for b, n in sites.items() if n > 1), key=lambda b: (sympy.count_ops(b), sympy.default_sort_key(b)))
     if not shared:
         return backward
@@ -156,8 +155,7 @@ def share_reciprocals(backward: Backward) -> Backward:
         else:
             compound += 1
             inverse[base] = real_symbol(f"_inv{compound}")
-    mapping = {node: inverse[node.base] ** -node.exp for expr in rewritten for node in _arithmetic(expr)
-               if isinstance(node, sympy.Pow) and node.base in inverse and node.exp.is_Integer and node.exp < 0}
+    mapping = {node: inverse[node.base] ** -node.exp for node in divisions if node.base in inverse}
     pending = {inverse[b]: Reciprocal(_outside(b, mapping)) for b in shared}
     lines: list[tuple[sympy.Symbol, sympy.Expr]] = []
 
