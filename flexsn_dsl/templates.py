@@ -105,15 +105,18 @@ def _store(ptr: str, value: str) -> str:
     return f"tl.store({ptr}, {value}.to({target}.dtype.element_ty), mask=_mask)"
 
 
-BLOCK_SIZES = "_N, _BLOCK: tl.constexpr"
-TILE_SIZES = "_N, _P, _ROWS: tl.constexpr, _COLS: tl.constexpr"
+# the size and type arguments after ``_T``: a block of neurons, a tile of the tiled backward, the recurrent kernels
+BLOCK_SIZES = "_N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr"
+TILE_SIZES = "_N, _P, _ROWS: tl.constexpr, _COLS: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr"
+RECURRENT_SIZES = ("_B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _BLOCK_K: tl.constexpr, "
+                   "_DTYPE: tl.constexpr, _DOT_DTYPE: tl.constexpr, _PRECISION: tl.constexpr")
 
 
 def _signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str,
                sizes: str = BLOCK_SIZES) -> list[str]:
     lines = ["@triton.jit", f"def {identifier(kernel_name(info.neuron, name))}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
-    lines += [f"{I1}_T, {sizes}, _DTYPE: tl.constexpr, _STAGES: tl.constexpr{flags},", "):"]
+    lines += [f"{I1}_T, {sizes}{flags},", "):"]
     return lines
 
 
@@ -295,14 +298,6 @@ def _matvec(target: str, rows: str, w_index: str, indent: str) -> list[str]:
             "out_dtype=_DTYPE)"]
 
 
-def _recurrent_signature(info: FlexSNInfo, name: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
-    lines = ["@triton.jit", f"def {identifier(kernel_name(info.neuron, name))}("]
-    lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
-    lines += [f"{I1}_T, _B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _BLOCK_K: tl.constexpr, "
-              f"_DTYPE: tl.constexpr, _DOT_DTYPE: tl.constexpr, _PRECISION: tl.constexpr{flags},", "):"]
-    return lines
-
-
 def _recurrent_forward_kernel(cores: Cores) -> str:
     """The forward of a recurrent spec (inference with ``_TRAIN`` off): each step computes
     ``r = prev @ W.T`` with ``tl.dot`` (``prev``: the output fed back, as the last step stored
@@ -313,13 +308,13 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     written = [f"{n}__out" for n in info.output_names]
     kept = [f"{n}__saved" for n in info.saved_names] + [f"{r}__in"]
     call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names)
-    lines = _recurrent_signature(info, "recurrent_forward", [
+    lines = _signature(info, "recurrent_forward", [
         ([f"{n}__in" for n in inputs] + [f"{n}__init" for n in info.state_names] + [f"{r}__init", "_weight"],
          "inputs [T, B, N], initial states [B, N], the value fed back before step 0 [B, N], weight [N, N]"),
         (written + kept + [f"{n}__final" for n in info.state_names] + [f"{r}__final"],
          f"written (the saved values, and {r} if the backward reads it, when training)"),
         _param_args(info),
-    ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""))
+    ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""), RECURRENT_SIZES)
     lines += [f'{I1}"""Recurrent forward of {info.neuron} over _T steps for _BLOCK_B rows of the batch."""']
     lines += _recurrent_head() + _params_load(info)
     lines += _initial_states(info, "[_BLOCK_B, _NP]")
@@ -357,14 +352,14 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     kept, read_unique, grad_out, grad_in, call_args, results = _backward_names(info)
     walking = grad_out + read_unique + grad_in
     shaped_grads = list(info.learnable_shaped)
-    lines = _recurrent_signature(info, "recurrent_backward", [
+    lines = _signature(info, "recurrent_backward", [
         (grad_out + [f"{n}__grad_final" for n in info.state_names] + [f"{r}__grad_final"], "upstream gradients"),
         (kept + ["_weight"], "what the forward kept, weight [N, N]"),
         (grad_in + [f"{n}__grad_init" for n in info.state_names] + [f"{r}__grad_init"], "written"),
         _param_args(info),
         ((["_params_grad"] if info.scalar_params else []) + [f"{n}__grad" for n in shaped_grads],
          "partial parameter gradients: scalars [blocks, P]; shaped [B, N] (summed over the steps)"),
-    ], ", _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
+    ], ", _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr", RECURRENT_SIZES)
     lines += [f'{I1}"""Recurrent backward of {info.neuron}: time runs in reverse through the steps and W."""']
     lines += _recurrent_head() + _params_load(info)
     finals = [f"{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
