@@ -222,8 +222,8 @@ class FlexSN(nn.Module):
     def detach(self) -> None:
         """Cut the states (and state sequences) from the autograd graph of earlier calls, keeping
         their values: truncated backpropagation through time across calls."""
-        self.states = {k: v.detach() for k, v in self.states.items()}
-        self.state_seqs = {k: v.detach() for k, v in self.state_seqs.items()}
+        _set(self, "states", {k: v.detach() for k, v in self.states.items()})
+        _set(self, "state_seqs", {k: v.detach() for k, v in self.state_seqs.items()})
 
     def _param_values(self) -> dict[str, torch.Tensor]:
         """The runtime parameters (learnable or shaped), as the generated code takes them."""

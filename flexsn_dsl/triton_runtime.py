@@ -322,11 +322,8 @@ def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, stor
             [s.clone() for s in inits]
     elif plan.n > 0:
         launcher, flags = plan.forwards[training, store_seqs, const_init]
-        if params is None and not shaped:
-            launcher(*xs, *inits, *outs, *saved, *seqs, *finals, plan.T, plan.n, **flags)
-        else:
-            launcher(*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout), plan.T, plan.n,
-                     **flags)
+        launcher(*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout), plan.T, plan.n,
+                 **flags)
     return outs, saved, seqs, finals, xs
 
 
@@ -563,8 +560,7 @@ def _fused_steps(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list
     """Outputs, state sequences (if stored), final states; ``params`` holds each learnable scalar parameter
     as a 0-dim tensor (one each, so that each gets its own gradient); see :func:`_fused_forward`. Where no
     gradient is needed, the inference kernels (nothing saved)."""
-    if not (torch.is_grad_enabled() and (_requires_grad(xs) or _requires_grad(inits) or _requires_grad(params)
-                                         or _requires_grad(shaped))):
+    if not _needs_grad(xs, inits, params, shaped):
         return fused_forward(key, store_seqs, xs, inits, _stack(params), shaped, layout, False)
     call = (key, store_seqs, len(xs), len(inits), len(params), tuple(layout))
     return list(_CompiledSteps.apply(call, *xs, *inits, *params, *shaped))
@@ -597,11 +593,9 @@ def kernel_params(compiled: Compiled, params: dict[str, torch.Tensor], like: tor
     return scalars, shaped, layout
 
 
-def _requires_grad(tensors) -> bool:
-    for t in tensors:
-        if t.requires_grad:
-            return True
-    return False
+def _needs_grad(*groups: Sequence[torch.Tensor]) -> bool:
+    """Whether a call on these tensors builds a graph: grad mode on and one of them requires a gradient."""
+    return torch.is_grad_enabled() and any(t.requires_grad for group in groups for t in group)
 
 
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
@@ -628,8 +622,7 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
         param_list = [p.detach() if name in zero else p for name, p in zip(scalars, param_list)]
         shaped = [v.detach() if name in zero else v for name, v in zip(model.shaped, shaped)]
     param_vec = _stack(param_list)
-    if not (torch.is_grad_enabled() and (_requires_grad(inputs) or _requires_grad(states) or _requires_grad(shaped)
-                                         or (param_vec is not None and param_vec.requires_grad))):
+    if not _needs_grad(inputs, states, shaped, param_list):
         with on_device(like):
             outs, _, seqs, finals, _ = _forward(plan, inputs, states, param_vec, shaped, layout, False, store_seqs)
         return outs, finals, seqs
