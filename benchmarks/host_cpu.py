@@ -15,6 +15,7 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -59,6 +60,15 @@ def per_call_us(fn, batches: int, calls: int = 50) -> float:
     return best
 
 
+def best_of(runs: dict[str, Callable], rounds: int, batches: int, calls: int = 50) -> dict[str, float]:
+    """The best :func:`per_call_us` of each run over ``rounds`` rounds, each run in turn in a round."""
+    best = {name: float("inf") for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            best[name] = min(best[name], per_call_us(fn, batches, calls))
+    return best
+
+
 class Chain(torch.nn.Module):
     """L layers, each after an elementwise op; the neurons reset at the start of a call."""
 
@@ -85,11 +95,7 @@ def chain_rows(spec: str, x: torch.Tensor, layers: int, rounds: int) -> dict[str
         compiled = torch.compile(net, fullgraph=True)
         runs[f"{kind} eager"] = lambda net=net: torch.autograd.grad(net(x), [x], grad)
         runs[f"{kind} compiled"] = lambda net=compiled: torch.autograd.grad(net(x), [x], grad)
-    best = {name: float("inf") for name in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            best[name] = min(best[name], per_call_us(fn, batches=10, calls=20))
-    return best
+    return best_of(runs, rounds, batches=10, calls=20)
 
 
 def main() -> None:
@@ -109,10 +115,7 @@ def main() -> None:
     xs = [x] * len(m.spec.inputs)
     runs = {f"{impl} {mode}": make(m, xs, mode) for mode in ("inference", "training")
             for impl, make in (("flexsn-dsl", _runner), ("minimal", minimal_runner))}
-    best = {name: float("inf") for name in runs}
-    for _ in range(args.rounds):
-        for name, fn in runs.items():
-            best[name] = min(best[name], per_call_us(fn, batches=20))
+    best = best_of(runs, args.rounds, batches=20)
     print(f"{m.spec.name}, T={args.T}, n={args.n}, launches stubbed; host us per call (best of {args.rounds} rounds)")
     for mode in ("inference", "training"):
         ours, floor = best[f"flexsn-dsl {mode}"], best[f"minimal {mode}"]
