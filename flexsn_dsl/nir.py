@@ -506,6 +506,11 @@ def _feedback_loops(graph: Any, edges: list[tuple[str, str]]) -> dict[str, str]:
     return found
 
 
+def _check_dt(dt: Any) -> None:
+    if not isinstance(dt, (int, float)) or isinstance(dt, bool) or not math.isfinite(dt) or dt <= 0:
+        raise ValueError(f"dt must be a positive number, got {dt!r}")
+
+
 def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str = "auto") -> NIRNetwork:
     """A NIR graph (a ``nir.NIRGraph`` or the path of a NIR file) as an ``nn.Module`` over ``[T, B, ...]``.
 
@@ -520,8 +525,7 @@ def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str 
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if not isinstance(dt, (int, float)) or isinstance(dt, bool) or not math.isfinite(dt) or dt <= 0:
-        raise ValueError(f"dt must be a positive number, got {dt!r}")
+    _check_dt(dt)
     graph = graph_or_path
     if isinstance(graph, (str, os.PathLike)):
         graph = nir.read(graph)
@@ -901,9 +905,8 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
     nir = _nir()
     if sample_input.dim() < 3:
         raise ValueError(f"sample_input must be [T, B, ...] with sample dimensions, got shape {list(sample_input.shape)}")
-    if dt is not None and (not isinstance(dt, (int, float)) or isinstance(dt, bool) or not math.isfinite(dt)
-                           or dt <= 0):
-        raise ValueError(f"dt must be a positive number, got {dt!r}")
+    if dt is not None:
+        _check_dt(dt)
     if isinstance(module, NIRNetwork):
         return _export_network(module, sample_input, dt)
     tracer = _Tracer()
