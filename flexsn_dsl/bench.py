@@ -246,8 +246,8 @@ def minimal_runner(module, xs, mode: str) -> Callable | None:
         @staticmethod
         def backward(ctx, *grads):
             tensors = ctx.saved_tensors
-            xs, outs, saved = tensors[:len(tensors) - n_out - n_saved], tensors[-n_out - n_saved:-n_saved or None], \
-                tensors[len(tensors) - n_saved:]
+            n_in = len(tensors) - n_out - n_saved
+            xs, outs, saved = tensors[:n_in], tensors[n_in:n_in + n_out], tensors[n_in + n_out:]
             grad_x = [torch.empty_like(x) for x in xs]
             unused = [grad_x[0]] * n_st
             backward(*grads, *unused, *unused, *saved, *xs, *outs, *grad_x, *unused, T, n, **kw_backward)

@@ -360,7 +360,7 @@ def cmd_nir(args) -> int:
             return 0
         net = nir_module.from_nir(graph, dt=args.dt, method=args.method, backend=args.backend)
         print(net)
-        (name, node), = graph.inputs.items() if len(graph.inputs) == 1 else (("", None),)
+        (_, node), = graph.inputs.items() if len(graph.inputs) == 1 else (("", None),)
         if node is not None and args.steps:
             import torch
             shape = [int(n) for n in node.input_type["input"]]
