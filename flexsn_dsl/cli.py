@@ -469,8 +469,6 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--shape", required=True, metavar="N[,N...]", help="the layer's shape, e.g. 128 or 3,32,32")
     q.add_argument("--dt", type=float, help="a `step` spec's step length (it is exported as an Euler step)")
     add_spec_options(q)
-    for q in nir_sub.choices.values():
-        q.set_defaults(plugin=[])
     p = command("bench", cmd_bench, "time the generated kernels against torch loops and peers")
     from .bench import add_arguments
     add_arguments(p)

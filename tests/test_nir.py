@@ -479,6 +479,21 @@ def test_per_step_flatten_and_dropout_export_as_bare_ones_do():
     assert torch.equal(back(x), net(x))
 
 
+def test_cli_nir_honours_plugins(tmp_path, capsys):
+    """`flexsn-dsl nir --plugin P export SPEC`: the spec's surrogate comes from the plugin."""
+    from flexsn_dsl.cli import main
+    plugin = tmp_path / "tri.py"
+    plugin.write_text("import flexsn_dsl\n\n\n@flexsn_dsl.hookimpl\ndef flexsn_dsl_register_surrogates(registry):\n"
+                      "    registry.register('nir_tri', gradient='Max(0, 1 - Abs(x))')\n")
+    spec = tmp_path / "tri.yaml"
+    spec.write_text(open("neurons/lif.yaml").read().replace("{name: sigmoid, alpha: 4.0}", "nir_tri"))
+    options = ["export", str(spec), "--shape", "3", "--dt", "1", "-o", str(tmp_path / "tri.nir")]
+    assert main(["nir", *options]) == 1  # the spec needs the plugin
+    assert "nir_tri" in capsys.readouterr().err
+    assert main(["nir", "--plugin", str(plugin), *options]) == 0
+    assert "is NIR LIF" in capsys.readouterr().out
+
+
 def test_cli_export_show_import(tmp_path, capsys):
     from flexsn_dsl.cli import main
     path = tmp_path / "cuba.nir"
