@@ -190,24 +190,33 @@ class Threshold(nn.Module):
         return (x > self.threshold.to(x.dtype)).to(x.dtype)
 
 
+def _read_depth(delay: Delay, _keys: Any = None) -> None:
+    """Sets ``delay.depth`` from its steps (a load_state_dict post-hook, hence the second argument)."""
+    delay.depth = int(delay.steps.max()) if delay.steps.numel() else 0
+
+
 class Delay(nn.Module):
     """NIR's Delay, ``y(t) = x(t - delay)``, with each delay a whole number of steps
-    (``round(delay / dt)``); the last steps are carried across calls until :meth:`reset`."""
+    (``round(delay / dt)``); the last steps are carried across calls until :meth:`reset`.
+    ``depth``, the longest delay, is read off ``steps`` when they are set (here and by
+    ``load_state_dict``), so that a call reads nothing back from the device."""
 
     def __init__(self, steps: torch.Tensor):
         super().__init__()
         self.register_buffer("steps", steps)
         self.history: torch.Tensor | None = None
+        _read_depth(self)
+        self.register_load_state_dict_post_hook(_read_depth)
 
     def reset(self) -> None:
         self.history = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        depth = int(self.steps.max()) if self.steps.numel() else 0
+        depth = self.depth
         if depth == 0:
             return x
         history = self.history
-        if history is None or history.shape[1:] != x.shape[1:]:
+        if history is None or history.shape != (depth, *x.shape[1:]):
             history = x.new_zeros((depth, *x.shape[1:]))
         seq = torch.cat([history.to(x.dtype), x])
         t = torch.arange(x.shape[0], device=x.device).view(-1, *([1] * (x.dim() - 1)))

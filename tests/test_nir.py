@@ -260,6 +260,12 @@ def test_recurrent_graph(fused, backend):
     assert type(exported.nodes["w_rec"]) is type(loop) and np.array_equal(exported.nodes["w_rec"].weight, w_rec)
 
 
+def _delayed(x, steps):
+    """x [T, B, N] with feature j delayed by steps[j] steps (zeros before the first step)."""
+    return torch.stack([torch.cat([torch.zeros_like(x[:k, :, j]), x[:len(x) - k, :, j]])
+                        for j, k in enumerate(steps)], dim=-1)
+
+
 def test_delay_scale_threshold():
     d = np.array([0.0, 1e-3, 2e-3, 3e-3, 1e-3])
     graph = nir.NIRGraph.from_list(nir.Scale(scale=np.arange(1.0, N + 1)), nir.Delay(delay=d),
@@ -267,12 +273,30 @@ def test_delay_scale_threshold():
     x = _rand(7, 2, N, seed=15, scale=2.0)
     net, out = _run(graph, x, 1e-3)
     scaled = x * torch.arange(1.0, N + 1, dtype=DTYPE, device=x.device)
-    delayed = torch.stack([torch.cat([torch.zeros_like(scaled[:k, :, j]), scaled[:len(x) - k, :, j]])
-                           for j, k in enumerate([0, 1, 2, 3, 1])], dim=-1)
-    assert torch.equal(out, (delayed > 2.5).to(DTYPE))
+    assert torch.equal(out, (_delayed(scaled, [0, 1, 2, 3, 1]) > 2.5).to(DTYPE))
     # the next call continues the delay line
     out2 = net(x)
     assert torch.equal(out2[0, :, 3], (scaled[-3, :, 3] > 2.5).to(DTYPE))
+
+
+def test_delay_reads_nothing_back_from_the_device():
+    """A Delay's call works on meta tensors (no data: int(steps.max()) or any other read of a value
+    raises there), so it does no host sync on a GPU; its output has the reference's shape."""
+    delay = from_nir(nir.NIRGraph.from_list(nir.Delay(delay=np.array([0.0, 2.0, 1.0]))), dt=1.0).to("meta")
+    x = torch.zeros(5, 2, 3, device="meta")
+    assert delay(x).shape == x.shape and delay(x).shape == x.shape  # a second call continues the line
+
+
+def test_delay_load_state_dict_rereads_the_delays():
+    """Delays loaded with load_state_dict (a longer one than the module was built with) take effect,
+    against the reference delay line."""
+    def graph(steps):
+        return nir.NIRGraph.from_list(nir.Delay(delay=np.array(steps, dtype=np.float64) * 1e-3))
+    net = from_nir(graph([0, 1, 0, 1, 0]), dt=1e-3).to(DTYPE)
+    x = _rand(9, 2, N, seed=33)
+    net(x)  # a delay line of one step, carried: dropped when the loaded delays are longer
+    net.load_state_dict(from_nir(graph([4, 0, 2, 3, 1]), dt=1e-3).state_dict())
+    assert torch.equal(net(x), _delayed(x, [4, 0, 2, 3, 1]))
 
 
 def test_file_round_trip(tmp_path):
