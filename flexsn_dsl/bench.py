@@ -229,8 +229,9 @@ def minimal_runner(module, xs, mode: str) -> Callable | None:
     plan = tr._kernels(module._compiled, x.device.type).plan(x.shape, x.dtype, tr.launch_settings())
     T, n, step, kw = plan.T, plan.n, plan.step, plan.const_init
     n_out, n_saved, n_st = info.num_outputs, len(info.saved_names), info.num_states
-    forward, inference, backward = (plan.launchers[v] for v in ("forward_final_state", "inference_final_state",
-                                                                "backward"))
+    # (launched as Triton's documentation shows, ``kernel[grid](...)``: what a hand-written wrapper does)
+    forward, inference, backward = (plan.kernels[v][plan.grid] for v in ("forward_final_state",
+                                                                         "inference_final_state", "backward"))
     kw_backward = plan.backward_flags[False, False, False]
 
     class Minimal(torch.autograd.Function):

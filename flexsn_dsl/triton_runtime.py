@@ -6,7 +6,7 @@ import functools
 import itertools
 import math
 import os
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -16,6 +16,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import triton  # noqa: E402
+from torch.library import wrap_triton  # noqa: E402
 
 from .compiler import Compiled
 from .names import VARIANTS, kernel_name
@@ -93,6 +94,7 @@ class Kernels:
 
     def __init__(self, compiled: Compiled, device: torch.device):
         self.interpret = interpreting()
+        self.device_type = device.type
         if device.type != "cuda" and not self.interpret:
             raise RuntimeError("backend='triton' on CPU tensors runs Triton's interpreter, which must be on "
                                "before Triton is imported: set TRITON_INTERPRET=1 (or import flexsn_dsl first)")
@@ -126,13 +128,15 @@ class Kernels:
             plan = self._plans[key] = Plan(self, shape, dtype, settings)
         return plan
 
-    def launch_tiled(self, variant: str, tiling: "Tiling", args: list, **constexprs) -> None:
+    def launch_tiled(self, variant: str, tiling: "Tiling", args: list, traced: bool, **constexprs) -> None:
         """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles. Its tile
-        is the block of the built-in choice for the same neurons (not autotuned)."""
+        is the block of the built-in choice for the same neurons (not autotuned). ``traced``: see
+        :meth:`Plan.launch`."""
         config = self.config(tiling.rows * tiling.period, launch_settings().stages)
         del config["_BLOCK"]
         kernel = getattr(self.module, kernel_name(self.name, variant))
-        kernel[tiling.grid](*args, _ROWS=tiling.tile_rows, _COLS=tiling.tile_cols, **config, **constexprs)
+        (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
+                                                                 _COLS=tiling.tile_cols, **config, **constexprs)
 
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
@@ -199,12 +203,14 @@ class Plan:
             self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
             self.block = 64  # a lower bound on the block size autotuning picks
             meta: dict = {"_STAGES": settings.stages or 2}
-            grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
+            self.grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
         else:
             meta = kernels.config(self.n, settings.stages)
             self.block = meta["_BLOCK"]
-            grid = (_cdiv(self.n, self.block),)
-        self.launchers = {v: k[grid] for v, k in self.kernels.items()}
+            self.grid = (_cdiv(self.n, self.block),)
+        direct = kernels.device_type == "cuda" and not self.autotuned and not kernels.interpret
+        self.launchers = {v: DirectLaunch(k, self.grid) if direct else _jit_launch(k[self.grid])
+                          for v, k in self.kernels.items()}
         self.programs = _cdiv(self.n, self.block)  # the programs of a launch (an upper bound when autotuning)
         # the keyword arguments of each launch: meta-parameters and constexpr flags
         base = {**meta, "_DTYPE": _compute_dtype(dtype)}
@@ -214,17 +220,76 @@ class Plan:
         self.backward_flags = {
             flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2]}
             for flags in itertools.product((False, True), repeat=3)}
-        # each forward launch by (training, store_seqs, constant initial states): its kernel and keywords
+        # each forward launch by (training, store_seqs, constant initial states): its variant and keywords
         self.forwards = {
-            (training, seqs, const): (self.launchers[("forward" if training else "inference") +
-                                                     ("" if seqs else "_final_state")],
+            (training, seqs, const): (("forward" if training else "inference") + ("" if seqs else "_final_state"),
                                       self.const_init if const else self.read_init)
             for training, seqs, const in itertools.product((False, True), repeat=3)}
 
-    def launch(self, variant: str, args: list, keywords: dict) -> int:
-        """Launch ``variant`` over the plan's neurons; returns the number of programs it ran."""
-        self.launchers[variant](*args, self.T, self.n, **keywords)
+    def launch(self, variant: str, args: list, keywords: dict, traced: bool = False) -> int:
+        """Launch ``variant`` over the plan's neurons (``keywords``: one of the plan's own dictionaries);
+        returns the number of programs it ran. ``traced``: through ``wrap_triton``, for torch.compile to
+        trace (inductor then issues the launch from the compiled step itself)."""
+        args = [*args, self.T, self.n]
+        if traced:
+            wrap_triton(self.kernels[variant])[self.grid](*args, **keywords)
+        else:
+            self.launchers[variant](args, keywords)
         return _cdiv(self.n, self.kernels[variant].best_config.kwargs["_BLOCK"]) if self.autotuned else self.programs
+
+
+def _jit_launch(launcher) -> Callable[[list, dict], object]:
+    """A bound ``kernel[grid]`` called as a :class:`DirectLaunch` is: (args, keywords)."""
+    return lambda args, keywords: launcher(*args, **keywords)
+
+
+class DirectLaunch:
+    """``kernel[grid](*args, **keywords)`` for the calls of one plan on a GPU. The first call of each
+    specialization goes through Triton's JIT, which compiles the kernel or finds it in its cache; later
+    calls hand the arguments to that compiled kernel's launcher directly, skipping the JIT's argument
+    binding, option parsing and cache lookup (most of a launch's host time). Keyed as Triton specializes
+    a kernel: each tensor's dtype and whether its address is 16-byte aligned, each integer's value, the
+    constexpr keywords (by identity: the plan's dictionaries, which the cache keeps alive) and the device."""
+
+    def __init__(self, kernel, grid: tuple[int, ...]):
+        self.jit = kernel[grid]
+        self.grid = (*grid, 1, 1)[:3]
+        self.names = kernel.arg_names
+        self.compiled: dict[tuple, tuple] = {}
+
+    def __call__(self, args: list, keywords: dict) -> None:
+        hooks = triton.knobs.runtime
+        if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+            self.jit(*args, **keywords)  # (a profiler's hooks: Triton's own launch gives them its metadata)
+            return
+        device = torch.cuda.current_device()
+        key = (id(keywords), device,
+               *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args])
+        entry = self.compiled.get(key)
+        if entry is None:
+            if len(self.compiled) >= MAX_PLANS:
+                self.compiled.clear()
+            kernel = self.jit(*args, **keywords)
+            self.compiled[key] = (kernel, [keywords[name] for name in self.names[len(args):]], keywords)
+            return
+        kernel, constexprs, _ = entry  # (the keywords are kept so that their id stays theirs)
+        kernel.run(*self.grid, _current_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
+                   *args, *constexprs)
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is set: a function (Triton 3.6), or a chain with calls (later versions)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _current_stream(device: int) -> int:
+    """The current CUDA stream of ``device``, as Triton's own launch gets it."""
+    return _stream_getter()(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_getter() -> Callable[[int], int]:
+    return triton.runtime.driver.active.get_current_stream
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -302,10 +367,11 @@ def _contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
-def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, store_seqs: bool):
+def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, store_seqs: bool, traced: bool = False):
     """Run the forward kernels; returns (outputs, saved values, state sequences, final states, the
     inputs as the kernels read them). Empty ``inits`` (for a spec whose initial states are all
-    constants) starts from those constants without reading any initial-state tensor."""
+    constants) starts from those constants without reading any initial-state tensor. ``traced``:
+    see :meth:`Plan.launch`."""
     n_st = plan.n_st
     const_init = not inits and n_st > 0
     if const_init and not plan.info.initial_values:
@@ -316,14 +382,14 @@ def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, stor
     saved = [torch.empty_like(like) for _ in range(plan.n_saved)] if training else []
     seqs = [torch.empty_like(like) for _ in range(n_st)] if store_seqs else []
     finals = [like.new_empty(plan.step_sizes) for _ in range(n_st)]
-    inits = finals if const_init else [_contiguous(s) for s in inits]  # unread when constant
+    inits = [like] * n_st if const_init else [_contiguous(s) for s in inits]  # (any pointer: unread when constant)
     if plan.T == 0:
         finals = [f.fill_(v) for f, v in zip(finals, plan.info.initial_values)] if const_init else \
             [s.clone() for s in inits]
     elif plan.n > 0:
-        launcher, flags = plan.forwards[training, store_seqs, const_init]
-        launcher(*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout), plan.T, plan.n,
-                 **flags)
+        variant, flags = plan.forwards[training, store_seqs, const_init]
+        plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout)], flags,
+                    traced)
     return outs, saved, seqs, finals, xs
 
 
@@ -350,12 +416,13 @@ def kept_inputs(info) -> tuple[bool, ...]:
     return tuple(("input", i) in info.c2k_return_mapping for i in range(len(info.input_names)))
 
 
-def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool):
+def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool,
+              traced: bool = False):
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
     and final states; ``xs`` and ``outs`` as :func:`_forward` returned them, None for the inputs
-    the kernel does not read (:func:`kept_inputs`)."""
+    the kernel does not read (:func:`kept_inputs`). ``traced``: see :meth:`Plan.launch`."""
     T, n, shape, step = plan.T, plan.n, plan.shape, plan.step_sizes
     n_out, n_st = plan.n_out, plan.n_st
     like = outs[0]  # (a spec has outputs) of the inputs' shape, dtype and device, contiguous
@@ -374,7 +441,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
     else:
         grad_x = [torch.empty_like(x) for x in xs]
         grad_init = [like.new_empty(step) for _ in range(n_st)] if init_grads else []
-        unused = grad_x[0]  # a valid pointer for arguments a flag leaves unread
+        unused = like  # a valid pointer for arguments a flag leaves unread (one the kernel does not write)
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *xs,
                 *outs, *grad_x, *(grad_init or [unused] * n_st)]
         if params is not None or shaped:
@@ -388,7 +455,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
-            plan.source.launch_tiled("backward", tiling, args + [T, n, tiling.period],
+            plan.source.launch_tiled("backward", tiling, args + [T, n, tiling.period], traced,
                                      _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
                                      _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads)
             programs = tiling.programs
@@ -397,7 +464,8 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         else:
             partial = params.new_zeros((plan.programs, params.shape[0])) if params is not None else None
             programs = plan.launch("backward", args + ([partial] if partial is not None else []),
-                                   plan.backward_flags[grad_seqs is not None, grad_finals is not None, init_grads])
+                                   plan.backward_flags[grad_seqs is not None, grad_finals is not None, init_grads],
+                                   traced)
             grad_shaped = [None] * len(shaped)
         if partial is not None:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
@@ -514,6 +582,45 @@ fused_forward = torch.ops.flexsn_dsl.fused_forward.default
 fused_backward = torch.ops.flexsn_dsl.fused_backward.default
 
 
+# On a GPU, torch.compile gets the same two operators as ``torch.library.triton_op``s instead: it traces
+# into them (the allocations and ``wrap_triton`` launches), and inductor issues the kernels from the
+# compiled step with its own launcher, with no Python call of ours per launch. The interpreter on the CPU
+# cannot be traced that way (its kernels are not JIT functions), nor can autotuning (its block size is
+# chosen at the first launch); both keep the opaque operators. The launch settings are read when the
+# step is compiled.
+def _traced_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
+                    params: Optional[torch.Tensor], shaped: list[torch.Tensor], layout: list[int],
+                    training: bool) -> list[torch.Tensor]:
+    outs, saved, seqs, finals, _ = _forward(_plan_for(key, xs[0]), xs, inits, params, shaped, layout, training,
+                                            store_seqs, traced=True)
+    return [*outs, *saved, *seqs, *finals]
+
+
+def _traced_backward(key: str, store_seqs: bool, grads: list[Optional[torch.Tensor]], saved: list[torch.Tensor],
+                     xs: list[Optional[torch.Tensor]], outs: list[torch.Tensor], params: Optional[torch.Tensor],
+                     shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
+    grad_x, grad_init, grad_params, grad_shaped = _backward(
+        _plan_for(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs], outs,
+        params, shaped, layout, init_grads, traced=True)
+    return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
+            *[g for g in grad_shaped if g is not None]]
+
+
+torch.library.triton_op("flexsn_dsl::traced_forward", _traced_forward, mutates_args=())
+torch.library.triton_op("flexsn_dsl::traced_backward", _traced_backward, mutates_args=())
+traced_forward = torch.ops.flexsn_dsl.traced_forward.default
+traced_backward = torch.ops.flexsn_dsl.traced_backward.default
+
+
+def _operators(like: torch.Tensor) -> tuple:
+    """The (forward, backward) operators a compiled step calls on inputs like ``like``: the traced ones on a
+    GPU for static shapes (a launch plan is made per shape; dynamic shapes keep the opaque ones)."""
+    if (like.is_cuda and not interpreting() and not launch_settings().autotune
+            and all(type(d) is int for d in like.shape)):
+        return traced_forward, traced_backward
+    return fused_forward, fused_backward
+
+
 class _CompiledSteps(torch.autograd.Function):
     """The autograd of ``fused_steps`` (traced by torch.compile, not run at each call). ``call``: (key,
     store_seqs, number of inputs, of initial states, of scalar parameters, layout); tensor arguments: the
@@ -526,9 +633,10 @@ class _CompiledSteps(torch.autograd.Function):
         a, b, c = n_x, n_x + n_init, n_x + n_init + n_params
         xs, inits, params, shaped = list(tensors[:a]), list(tensors[a:b]), tensors[b:c], list(tensors[c:])
         param_vec = _stack(list(params))
-        results = fused_forward(key, store_seqs, xs, inits, param_vec, shaped, list(layout), True)
+        forward, backward = _operators(xs[0])
+        results = forward(key, store_seqs, xs, inits, param_vec, shaped, list(layout), True)
         n_out, n_saved = info.num_outputs, len(info.saved_names)
-        ctx.call = call
+        ctx.call, ctx.backward_op = call, backward
         ctx.save_for_backward(param_vec, *shaped, *results[n_out:n_out + n_saved],
                               *[x if keep else None for x, keep in zip(xs, kept_inputs(info))], *results[:n_out])
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
@@ -542,8 +650,8 @@ class _CompiledSteps(torch.autograd.Function):
         n_shaped = len(layout) // 2  # ((inner, size) per shaped parameter)
         k = n_shaped + len(info.saved_names)
         shaped, saved, xs, outs = tensors[:n_shaped], tensors[n_shaped:k], tensors[k:k + n_x], tensors[k + n_x:]
-        result = fused_backward(key, store_seqs, list(grads), saved, xs, outs, param_vec, shaped, list(layout),
-                                n_init > 0)
+        result = ctx.backward_op(key, store_seqs, list(grads), saved, xs, outs, param_vec, shaped, list(layout),
+                                 n_init > 0)
         zero = info.zero_grads
         grad_x = [None if name in zero else g for name, g in zip(info.input_names, result[:n_x])]
         grad_init = result[n_x:n_x + n_init]
@@ -561,7 +669,7 @@ def _fused_steps(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list
     as a 0-dim tensor (one each, so that each gets its own gradient); see :func:`_fused_forward`. Where no
     gradient is needed, the inference kernels (nothing saved)."""
     if not _needs_grad(xs, inits, params, shaped):
-        return fused_forward(key, store_seqs, xs, inits, _stack(params), shaped, layout, False)
+        return _operators(xs[0])[0](key, store_seqs, xs, inits, _stack(params), shaped, layout, False)
     call = (key, store_seqs, len(xs), len(inits), len(params), tuple(layout))
     return list(_CompiledSteps.apply(call, *xs, *inits, *params, *shaped))
 

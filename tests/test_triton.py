@@ -161,9 +161,9 @@ def test_torch_compile_without_gradients_runs_the_inference_kernels(monkeypatch,
     eager = run(m)
     modes = []
     forward = tr._forward
-    monkeypatch.setattr(tr, "_forward", lambda plan, *args: modes.append(args[5]) or forward(plan, *args))
+    monkeypatch.setattr(tr, "_forward", lambda plan, *args, **kw: modes.append(args[5]) or forward(plan, *args, **kw))
     compiled = run(torch.compile(m, fullgraph=True))
-    assert modes == [False, False]  # (the second call from the carried states)
+    assert modes and not any(modes)  # (on a GPU, the calls that trace the operators)
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

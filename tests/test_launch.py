@@ -1,0 +1,134 @@
+"""How the generated kernels are launched: the direct launch of an already compiled specialization
+(checked on the CPU against a stand-in kernel, and on a GPU against the torch backend), and, on a GPU,
+the compiled step issuing the kernels itself (the traced operators)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+import flexsn_dsl
+from flexsn_dsl import triton_runtime as tr
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = torch.cuda.is_available() and not tr.interpreting()
+gpu_only = pytest.mark.skipif(not GPU, reason="needs a GPU (the interpreter has no compiled kernels)")
+
+
+class _Compiled:
+    """A stand-in for Triton's CompiledKernel: records what its launcher gets."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def run(self, *args):
+        self.calls.append(("direct", args))
+
+
+class _Kernel:
+    """A stand-in for a JIT kernel ``k(a, b, n, _B: constexpr, _F: constexpr)``: ``k[grid](...)`` is
+    Triton's launch (recorded; returns the compiled kernel, as Triton's does)."""
+
+    arg_names = ["a", "b", "n", "_B", "_F"]
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **keywords):
+            self.calls.append(("jit", grid, args, keywords))
+            return _Compiled(self.calls)
+        return launch
+
+
+def test_direct_launch_compiles_through_the_jit_once_per_specialization(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tr, "_current_stream", lambda device: 1234)
+    kernel = _Kernel()
+    launch = tr.DirectLaunch(kernel, (3,))
+    flags = {"_F": True, "_B": 64, "num_warps": 2}
+    storage = torch.zeros(64)
+    a, b = storage[:16], storage[16:32]  # 16-byte aligned (64 and 128 bytes in)
+    launch([a, b, 16], flags)
+    launch([a, b, 16], flags)
+    assert [c[0] for c in kernel.calls] == ["jit", "direct"]
+    # the compiled kernel's launcher: grid padded to 3, stream, handles, no hooks, then every argument
+    # followed by the constexprs in the kernel's declaration order
+    assert kernel.calls[1][1] == (3, 1, 1, 1234, "function", "metadata", None, None, None, a, b, 16, 64, True)
+    unaligned = storage[1:17]  # 4 bytes in: Triton specializes it apart
+    launch([unaligned, b, 16], flags)
+    launch([a.double(), b, 16], flags)  # another dtype
+    launch([a, b, 17], flags)  # another integer
+    launch([a, b, 16], dict(flags))  # other keywords
+    assert [c[0] for c in kernel.calls[2:]] == ["jit"] * 4
+    for args in ([unaligned, b, 16], [a.double(), b, 16], [a, b, 17]):
+        launch(args, flags)
+    assert [c[0] for c in kernel.calls[6:]] == ["direct"] * 3
+
+
+def test_direct_launch_leaves_profiler_hooks_to_triton(monkeypatch):
+    import triton
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tr, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    kernel = _Kernel()
+    launch = tr.DirectLaunch(kernel, (1,))
+    flags = {"_F": False, "_B": 16}
+    x = torch.zeros(4)
+    for _ in range(3):
+        launch([x, x, 4], flags)
+    assert [c[0] for c in kernel.calls] == ["jit"] * 3
+
+
+@gpu_only
+@pytest.mark.parametrize("offset", [0, 1])
+def test_direct_launches_match_the_torch_backend(offset):
+    """Calls from aligned and from 4-byte-offset inputs (Triton compiles those apart) alternate; every
+    call's spikes, input gradient and final state equal the torch backend's."""
+    ours = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton")
+    reference = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="torch")
+    storage = torch.rand(4 * 8 * 100 + 1, generator=torch.Generator().manual_seed(5), device="cpu").cuda() * 3
+    for call in range(4):
+        start = offset if call % 2 else 0
+        x = storage[start:start + 4 * 8 * 100].view(4, 8, 100).requires_grad_()
+        results = []
+        for module in (ours, reference):
+            module.reset()
+            y = module(x)
+            (g,) = torch.autograd.grad((y * torch.arange(100.0)).sum() + module.states["v"].sum(), [x])
+            results.append((y, g, module.states["v"]))
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    plan = tr._kernels(ours._compiled, "cuda").plan(torch.Size([4, 8, 100]), torch.float32, tr.launch_settings())
+    assert isinstance(plan.launchers["forward_final_state"], tr.DirectLaunch)
+    assert len(plan.launchers["forward_final_state"].compiled) == (2 if offset else 1)
+
+
+@gpu_only
+def test_a_compiled_training_step_issues_the_kernels_itself(fresh_dynamo):
+    """Under torch.compile on a GPU the step's code launches the generated kernels (forward and backward)
+    with no call of the opaque operators; its results equal eager ones."""
+    from torch._inductor.utils import run_and_get_code
+    torch.manual_seed(3)
+    m = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton")
+    w = torch.rand(6, 6)
+
+    def step(x):
+        m.reset()
+        y = m(x @ w)
+        loss = (y * torch.arange(6.0)).sum() + m.states["v"].sum()
+        loss.backward()
+        return y.detach(), m.w.grad
+
+    x = torch.rand(5, 3, 6, generator=torch.Generator().manual_seed(4), device="cpu").cuda() * 3
+    x.requires_grad_()
+    expected = [t.clone() for t in step(x)]
+    m.w.grad = None
+    x.grad = None
+    got, codes = run_and_get_code(torch.compile(step), x)
+    code = "\n".join(codes)
+    assert "plif_forward_final_state_kernel" in code and "plif_backward_kernel" in code
+    assert "fused_forward" not in code and "fused_backward" not in code
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
