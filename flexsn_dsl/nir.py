@@ -12,6 +12,7 @@ this module. Names in a NIR graph are untrusted: they never reach spec text or g
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -20,7 +21,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import sympy
@@ -131,8 +132,9 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback
     if feedback is not None:
         params["rec_weight"] = _tensor(feedback.weight)
     shapes: dict[str, tuple[int, ...]] = {}
+    arrays: dict[str, np.ndarray] = {}
     for p in kind.params:
-        array = _array(getattr(node, p), f"node {name!r}: parameter {p!r}")
+        array = arrays[p] = _array(getattr(node, p), f"node {name!r}: parameter {p!r}")
         if array.size == 0:
             raise NIRError(f"node {name!r}: parameter {p!r} is empty")
         if array.size == 1 or np.all(array == array.flat[0]):
@@ -141,7 +143,7 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback
             shapes[p] = array.shape
             params[p] = torch.tensor(array)
     if method == "exact" and {"tau_syn", "tau_mem"} & set(shapes):
-        same = np.asarray(node.tau_syn, dtype=np.float64) == np.asarray(node.tau_mem, dtype=np.float64)
+        same = arrays["tau_syn"] == arrays["tau_mem"]
         if np.any(same):
             raise NIRError(f"node {name!r}: tau_syn equals tau_mem for {int(same.sum())} neuron(s), where the exact "
                            "per-neuron propagator divides by tau_syn - tau_mem; import it with method='rk4' "
@@ -786,6 +788,18 @@ def match_neuron(m: FlexSN, dt: float | None = None) -> tuple[NeuronKind, dict[s
                    f"{'; '.join(best.differences)}")
 
 
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array of their own, on the host."""
+    return t.detach().cpu().numpy().copy()
+
+
+def _loop_back(nodes: dict[str, Any], edges: list[tuple[str, str]], neuron: str, linear: str,
+               weight: torch.Tensor) -> None:
+    """A neuron's recurrent weight as NIR writes it: a Linear node on an edge from the neuron back to it."""
+    nodes[linear] = _nir().Linear(weight=_numpy(weight))
+    edges += [(neuron, linear), (linear, neuron)]
+
+
 def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: str) -> Any:
     """The NIR node of one of our neuron modules, its arrays of the layer's shape ``feature``."""
     nir = _nir()
@@ -797,7 +811,7 @@ def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: s
     for p in kind.params:
         expr = values[p]
         symbols = sorted(expr.free_symbols, key=str)  # the shaped parameters it depends on
-        args = [getattr(m, s.name).detach().cpu().double().numpy() for s in symbols]
+        args = [_numpy(getattr(m, s.name).double()) for s in symbols]
         value = np.asarray(sympy.lambdify(symbols, expr, "numpy")(*args), dtype=np.float64)
         try:
             arrays[p] = np.array(np.broadcast_to(value, feature))
@@ -810,26 +824,22 @@ def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: s
 def _layer_node(m: nn.Module, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
     """The NIR node of a torch layer (or one of this module's layers)."""
     nir = _nir()
-
-    def arr(t: torch.Tensor) -> np.ndarray:
-        return t.detach().cpu().numpy().copy()
-
     if isinstance(m, PerStep):
         return _layer_node(m.layer, feature_in, dt, where)
     if isinstance(m, nn.Linear):
-        return nir.Linear(weight=arr(m.weight)) if m.bias is None else \
-            nir.Affine(weight=arr(m.weight), bias=arr(m.bias))
+        return nir.Linear(weight=_numpy(m.weight)) if m.bias is None else \
+            nir.Affine(weight=_numpy(m.weight), bias=_numpy(m.bias))
     if isinstance(m, (nn.Conv1d, nn.Conv2d)):
         if m.padding_mode != "zeros":
             raise NIRError(f"{where}: padding_mode={m.padding_mode!r}; NIR convolutions pad with zeros")
         dims = 1 if isinstance(m, nn.Conv1d) else 2
-        bias = arr(m.bias) if m.bias is not None else np.zeros(m.out_channels, dtype=arr(m.weight).dtype)
+        bias = _numpy(m.bias) if m.bias is not None else np.zeros(m.out_channels, dtype=_numpy(m.weight).dtype)
         padding = m.padding if isinstance(m.padding, str) else tuple(m.padding)
         if dims == 1:
-            return nir.Conv1d(input_shape=int(feature_in[-1]), weight=arr(m.weight), stride=int(m.stride[0]),
+            return nir.Conv1d(input_shape=int(feature_in[-1]), weight=_numpy(m.weight), stride=int(m.stride[0]),
                               padding=padding if isinstance(padding, str) else int(padding[0]),
                               dilation=int(m.dilation[0]), groups=m.groups, bias=bias)
-        return nir.Conv2d(input_shape=tuple(int(n) for n in feature_in[-2:]), weight=arr(m.weight),
+        return nir.Conv2d(input_shape=tuple(int(n) for n in feature_in[-2:]), weight=_numpy(m.weight),
                           stride=tuple(m.stride), padding=padding, dilation=tuple(m.dilation), groups=m.groups,
                           bias=bias)
     if isinstance(m, nn.AvgPool2d):
@@ -843,12 +853,12 @@ def _layer_node(m: nn.Module, feature_in: tuple[int, ...], dt: float | None, whe
     if isinstance(m, Flatten):
         return nir.Flatten(input_type={"input": np.array(feature_in)}, start_dim=m.start_dim, end_dim=m.end_dim)
     if isinstance(m, (Scale, Threshold)):
-        value = np.array(np.broadcast_to(arr(m.scale if isinstance(m, Scale) else m.threshold), feature_in))
+        value = np.array(np.broadcast_to(_numpy(m.scale if isinstance(m, Scale) else m.threshold), feature_in))
         return nir.Scale(scale=value) if isinstance(m, Scale) else nir.Threshold(threshold=value)
     if isinstance(m, Delay):
         if dt is None:
             raise NIRError(f"{where}: a Delay counts steps; give to_nir(..., dt=...) to write it in time")
-        return nir.Delay(delay=np.array(np.broadcast_to(arr(m.steps) * dt, feature_in), dtype=np.float64))
+        return nir.Delay(delay=np.array(np.broadcast_to(_numpy(m.steps) * dt, feature_in), dtype=np.float64))
     if isinstance(m, FlexSN):
         return _neuron_node(m, feature_in, dt, where)
     raise NIRError(f"{where}: {type(m).__name__} has no NIR node (to_nir exports Linear, Conv1d, Conv2d, AvgPool2d, "
@@ -900,6 +910,24 @@ def _flatten_dims(before: tuple[int, ...], after: tuple[int, ...]) -> tuple[int,
     return None
 
 
+_CARRIED = ((FlexSN, ("states", "state_seqs")), (Delay, ("history",)), (NIRNetwork, ("_previous",)))
+
+
+@contextlib.contextmanager
+def _carried_state_kept(module: nn.Module) -> Iterator[None]:
+    """Puts back, after the block, what ``module``'s layers carry from one call to the next: the
+    neurons' states, the delay lines, the cycles' last outputs."""
+    saved = [(m, name, getattr(m, name)) for m in module.modules() for kind, names in _CARRIED
+             if isinstance(m, kind) for name in names]
+    saved = [(m, name, dict(value) if isinstance(value, dict) else value)  # a copy: a cycle updates its dict
+             for m, name, value in saved]
+    try:
+        yield
+    finally:
+        for m, name, value in saved:
+            setattr(m, name, value)
+
+
 def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = None) -> Any:
     """A ``nir.NIRGraph`` of ``module`` (which takes ``[T, B, ...]``), traced with torch.fx and run
     once on ``sample_input`` for the shapes (neuron states are restored afterwards).
@@ -926,17 +954,9 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
     except Exception as exc:  # torch.fx refuses data-dependent control flow and the like
         raise NIRError(f"torch.fx cannot trace {type(module).__name__}: {exc}") from exc
     gm = torch.fx.GraphModule(tracer.root, graph)
-    saved = [(m, dict(m.states), dict(m.state_seqs)) for m in module.modules() if isinstance(m, FlexSN)]
-    delays = [(m, m.history) for m in module.modules() if isinstance(m, Delay)]
     shapes = _Shapes(gm)
-    try:
-        with torch.no_grad():
-            shapes.run(sample_input)
-    finally:
-        for m, states, seqs in saved:
-            m.states, m.state_seqs = states, seqs
-        for m, history in delays:
-            m.history = history
+    with _carried_state_kept(module), torch.no_grad():
+        shapes.run(sample_input)
     steps = sample_input.shape[0] * sample_input.shape[1]
     nodes: dict[str, Any] = {}
     edges: list[tuple[str, str]] = []
@@ -989,9 +1009,7 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
                 add_node(n, _layer_node(m, feature_in, dt, where), srcs)
                 if isinstance(m, FlexSN) and m.spec.recurrent:  # its weight on an edge back to itself
                     (name,), rec = sources[n], next(iter(m.spec.recurrent.values()))
-                    back = f"{name}.{rec.weight_name}"
-                    nodes[back] = nir.Linear(weight=getattr(m, rec.weight_name).detach().cpu().numpy().copy())
-                    edges.extend([(name, back), (back, name)])
+                    _loop_back(nodes, edges, name, f"{name}.{rec.weight_name}", getattr(m, rec.weight_name))
         elif (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
                 (n.op == "call_method" and n.target == "add"):
             args = tensors(n)
@@ -1019,20 +1037,16 @@ def _export_network(net: NIRNetwork, sample_input: torch.Tensor, dt: float | Non
             feature.setdefault(key, tuple(args[0].shape))
         return hook
     hooks = [m.register_forward_hook(record(key)) for key, m in net.nodes.items()]
-    saved = [(m, dict(m.states), dict(m.state_seqs)) for m in net.modules() if isinstance(m, FlexSN)]
     try:
-        with torch.no_grad():
+        with _carried_state_kept(net), torch.no_grad():
             out = net(sample_input)
     finally:
         for h in hooks:
             h.remove()
-        for m, states, seqs in saved:
-            m.states, m.state_seqs = states, seqs
     nodes: dict[str, Any] = {}
     edges = [(a, b) for b, preds in net._preds.items() for a in preds]
     for neuron, linear in net.folded.items():
-        nodes[linear] = nir.Linear(weight=net.node(neuron).rec_weight.detach().cpu().numpy().copy())
-        edges += [(neuron, linear), (linear, neuron)]
+        _loop_back(nodes, edges, neuron, linear, net.node(neuron).rec_weight)
     for name, key in net.names.items():
         if name in nodes:
             continue

@@ -299,6 +299,25 @@ def test_delay_load_state_dict_rereads_the_delays():
     assert torch.equal(net(x), _delayed(x, [4, 0, 2, 3, 1]))
 
 
+def test_export_leaves_the_carried_state_as_it_was():
+    """to_nir runs the network once for the shapes; the neurons' states, the delay line and the cycle's last
+    outputs are put back, so the next call continues as that of a twin that was not exported does."""
+    w_rec = _np(N, N, seed=40, low=-0.5, high=0.5)
+    graph = nir.NIRGraph(nodes={"input": nir.Input(input_type=np.array([N])),
+                                "delay": nir.Delay(delay=np.array([0.0, 1e-3, 2e-3, 3e-3, 1e-3])), "lif": _lif(),
+                                "w_rec": nir.Affine(weight=w_rec, bias=np.zeros(N)),
+                                "output": nir.Output(output_type=np.array([N]))},
+                         edges=[("input", "delay"), ("delay", "lif"), ("lif", "w_rec"), ("w_rec", "lif"),
+                                ("lif", "output")])
+    net, twin, fresh = (from_nir(graph, dt=1e-3, method="euler").to(DTYPE) for _ in range(3))
+    x = _rand(8, 2, N, seed=41, scale=2.0)
+    assert torch.equal(net(x), twin(x))
+    to_nir(net, _rand(8, 2, N, seed=42, scale=2.0), dt=1e-3)
+    want = twin(x)
+    assert not torch.equal(want, fresh(x))  # the carried state matters to this call
+    assert torch.equal(net(x), want)
+
+
 def test_file_round_trip(tmp_path):
     node = _lif()
     path = tmp_path / "lif.nir"
