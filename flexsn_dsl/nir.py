@@ -21,7 +21,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import sympy
@@ -821,48 +821,81 @@ def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: s
     return getattr(nir, kind.kind)(**arrays)
 
 
-def _layer_node(m: nn.Module, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
-    """The NIR node of a torch layer (or one of this module's layers)."""
+# The NIR node of each kind of layer, from the layer, one sample's shape at its input, dt and where it is.
+_Exporter = Callable[[Any, tuple[int, ...], float | None, str], Any]
+
+
+def _per_step_node(m: PerStep, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    """The node of the layer it runs on every step."""
+    return _layer_node(m.layer, feature_in, dt, where)
+
+
+def _linear_node(m: nn.Linear, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
     nir = _nir()
-    if isinstance(m, PerStep):
-        return _layer_node(m.layer, feature_in, dt, where)
-    if isinstance(m, nn.Linear):
-        return nir.Linear(weight=_numpy(m.weight)) if m.bias is None else \
-            nir.Affine(weight=_numpy(m.weight), bias=_numpy(m.bias))
-    if isinstance(m, (nn.Conv1d, nn.Conv2d)):
-        if m.padding_mode != "zeros":
-            raise NIRError(f"{where}: padding_mode={m.padding_mode!r}; NIR convolutions pad with zeros")
-        dims = 1 if isinstance(m, nn.Conv1d) else 2
-        bias = _numpy(m.bias) if m.bias is not None else np.zeros(m.out_channels, dtype=_numpy(m.weight).dtype)
-        padding = m.padding if isinstance(m.padding, str) else tuple(m.padding)
-        if dims == 1:
-            return nir.Conv1d(input_shape=int(feature_in[-1]), weight=_numpy(m.weight), stride=int(m.stride[0]),
-                              padding=padding if isinstance(padding, str) else int(padding[0]),
-                              dilation=int(m.dilation[0]), groups=m.groups, bias=bias)
-        return nir.Conv2d(input_shape=tuple(int(n) for n in feature_in[-2:]), weight=_numpy(m.weight),
-                          stride=tuple(m.stride), padding=padding, dilation=tuple(m.dilation), groups=m.groups,
-                          bias=bias)
-    if isinstance(m, nn.AvgPool2d):
-        if m.ceil_mode or not m.count_include_pad or m.divisor_override not in (None, 1):
-            raise NIRError(f"{where}: {m} has options NIR's pooling nodes do not (ceil_mode, count_include_pad=False, "
-                           "a divisor other than 1)")
-        pool = nir.SumPool2d if m.divisor_override == 1 else nir.AvgPool2d
-        pair = lambda v: np.array(_ints(v, 2, f"{where}: pooling size"))  # noqa: E731
-        return pool(kernel_size=pair(m.kernel_size), stride=pair(m.stride if m.stride is not None else m.kernel_size),
-                    padding=pair(m.padding))
-    if isinstance(m, Flatten):
-        return nir.Flatten(input_type={"input": np.array(feature_in)}, start_dim=m.start_dim, end_dim=m.end_dim)
-    if isinstance(m, (Scale, Threshold)):
-        value = np.array(np.broadcast_to(_numpy(m.scale if isinstance(m, Scale) else m.threshold), feature_in))
-        return nir.Scale(scale=value) if isinstance(m, Scale) else nir.Threshold(threshold=value)
-    if isinstance(m, Delay):
-        if dt is None:
-            raise NIRError(f"{where}: a Delay counts steps; give to_nir(..., dt=...) to write it in time")
-        return nir.Delay(delay=np.array(np.broadcast_to(_numpy(m.steps) * dt, feature_in), dtype=np.float64))
-    if isinstance(m, FlexSN):
-        return _neuron_node(m, feature_in, dt, where)
-    raise NIRError(f"{where}: {type(m).__name__} has no NIR node (to_nir exports Linear, Conv1d, Conv2d, AvgPool2d, "
-                   "flatten/reshape, addition and flexsn-dsl neurons)")
+    if m.bias is None:
+        return nir.Linear(weight=_numpy(m.weight))
+    return nir.Affine(weight=_numpy(m.weight), bias=_numpy(m.bias))
+
+
+def _conv_node(m: nn.Conv1d | nn.Conv2d, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    nir = _nir()
+    if m.padding_mode != "zeros":
+        raise NIRError(f"{where}: padding_mode={m.padding_mode!r}; NIR convolutions pad with zeros")
+    weight = _numpy(m.weight)
+    bias = _numpy(m.bias) if m.bias is not None else np.zeros(m.out_channels, dtype=weight.dtype)
+    padding = m.padding if isinstance(m.padding, str) else tuple(m.padding)
+    if isinstance(m, nn.Conv1d):
+        return nir.Conv1d(input_shape=int(feature_in[-1]), weight=weight, stride=int(m.stride[0]),
+                          padding=padding if isinstance(padding, str) else int(padding[0]),
+                          dilation=int(m.dilation[0]), groups=m.groups, bias=bias)
+    return nir.Conv2d(input_shape=tuple(int(n) for n in feature_in[-2:]), weight=weight, stride=tuple(m.stride),
+                      padding=padding, dilation=tuple(m.dilation), groups=m.groups, bias=bias)
+
+
+def _pool_node(m: nn.AvgPool2d, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    nir = _nir()
+    if m.ceil_mode or not m.count_include_pad or m.divisor_override not in (None, 1):
+        raise NIRError(f"{where}: {m} has options NIR's pooling nodes do not (ceil_mode, count_include_pad=False, "
+                       "a divisor other than 1)")
+    pool = nir.SumPool2d if m.divisor_override == 1 else nir.AvgPool2d
+    pair = lambda v: np.array(_ints(v, 2, f"{where}: pooling size"))  # noqa: E731
+    return pool(kernel_size=pair(m.kernel_size), stride=pair(m.stride if m.stride is not None else m.kernel_size),
+                padding=pair(m.padding))
+
+
+def _flatten_node(m: Flatten, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    return _nir().Flatten(input_type={"input": np.array(feature_in)}, start_dim=m.start_dim, end_dim=m.end_dim)
+
+
+def _scale_node(m: Scale, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    return _nir().Scale(scale=np.array(np.broadcast_to(_numpy(m.scale), feature_in)))
+
+
+def _threshold_node(m: Threshold, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    return _nir().Threshold(threshold=np.array(np.broadcast_to(_numpy(m.threshold), feature_in)))
+
+
+def _delay_node(m: Delay, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    if dt is None:
+        raise NIRError(f"{where}: a Delay counts steps; give to_nir(..., dt=...) to write it in time")
+    return _nir().Delay(delay=np.array(np.broadcast_to(_numpy(m.steps) * dt, feature_in), dtype=np.float64))
+
+
+_EXPORTERS: dict[type, _Exporter] = {
+    PerStep: _per_step_node, nn.Linear: _linear_node, nn.Conv1d: _conv_node, nn.Conv2d: _conv_node,
+    nn.AvgPool2d: _pool_node, Flatten: _flatten_node, Scale: _scale_node, Threshold: _threshold_node,
+    Delay: _delay_node, FlexSN: _neuron_node,
+}
+
+
+def _layer_node(m: nn.Module, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    """The NIR node of a torch layer (or one of this module's layers): the exporter of its class,
+    or of the nearest base class that has one."""
+    export = next((_EXPORTERS[cls] for cls in type(m).__mro__ if cls in _EXPORTERS), None)
+    if export is None:
+        raise NIRError(f"{where}: {type(m).__name__} has no NIR node (to_nir exports Linear, Conv1d, Conv2d, "
+                       "AvgPool2d, flatten/reshape, addition and flexsn-dsl neurons)")
+    return export(m, feature_in, dt, where)
 
 
 _PASS_THROUGH = (nn.Identity, nn.Dropout)
@@ -930,7 +963,7 @@ def _carried_state_kept(module: nn.Module) -> Iterator[None]:
 
 def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = None) -> Any:
     """A ``nir.NIRGraph`` of ``module`` (which takes ``[T, B, ...]``), traced with torch.fx and run
-    once on ``sample_input`` for the shapes (neuron states are restored afterwards).
+    once on ``sample_input`` for the shapes (what its layers carry across calls is put back afterwards).
 
     Linear, Conv1d/2d, AvgPool2d (SumPool2d with ``divisor_override=1``), reshapes of the sample
     dimensions (Flatten) and additions (edges into one node) map to their NIR nodes; reshapes that
@@ -939,7 +972,7 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
     Euler step of length ``dt``. A module that matches no NIR node raises :class:`NIRError`
     naming the closest node and the term that differs.
     """
-    nir = _nir()
+    _nir()  # MissingDependency before any work
     if sample_input.dim() < 3:
         raise ValueError(f"sample_input must be [T, B, ...] with sample dimensions, got shape {list(sample_input.shape)}")
     if dt is not None:
@@ -957,72 +990,108 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
     shapes = _Shapes(gm)
     with _carried_state_kept(module), torch.no_grad():
         shapes.run(sample_input)
-    steps = sample_input.shape[0] * sample_input.shape[1]
-    nodes: dict[str, Any] = {}
-    edges: list[tuple[str, str]] = []
-    sources: dict[torch.fx.Node, list[str]] = {}  # fx node -> the NIR nodes whose outputs sum to it
+    return _FxExport(gm, shapes.shapes, sample_input.shape[0] * sample_input.shape[1], dt).graph()
 
-    def tensors(n: torch.fx.Node) -> list[torch.fx.Node]:
+
+class _FxExport:
+    """The NIR graph of a traced module, built from its fx graph node by node, one method per kind of
+    operation; ``shapes`` are the output shapes of one run, ``steps`` its T*B."""
+
+    def __init__(self, gm: torch.fx.GraphModule, shapes: dict[torch.fx.Node, tuple[int, ...] | None], steps: int,
+                 dt: float | None):
+        self.gm, self.shapes, self.steps, self.dt = gm, shapes, steps, dt
+        self.nodes: dict[str, Any] = {}
+        self.edges: list[tuple[str, str]] = []
+        self.sources: dict[torch.fx.Node, list[str]] = {}  # fx node -> the NIR nodes whose outputs sum to it
+
+    def graph(self) -> Any:
+        for n in self.gm.graph.nodes:
+            where = f"{n.op} {n.target if n.op != 'call_module' else repr(n.target)}"
+            if n.op != "output" and self.shapes[n] is None:
+                continue  # sizes and other non-tensor values: not data flow
+            if n.op == "placeholder":
+                self._input(n, where)
+            elif n.op == "output":
+                self._output(n)
+            elif n.op == "call_module":
+                self._layer(n, where)
+            elif (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
+                    (n.op == "call_method" and n.target == "add"):
+                self._add(n, where)
+            elif (n.op == "call_method" and n.target in _RESHAPES) or \
+                    (n.op == "call_function" and n.target in (torch.flatten, torch.reshape, torch.unflatten)):
+                self._reshape(n, self._inputs_of(n, where), where)
+            else:
+                raise NIRError(f"{where}: this operation has no NIR node")
+        return _nir().NIRGraph(nodes=self.nodes, edges=self.edges)
+
+    def _tensors(self, n: torch.fx.Node) -> list[torch.fx.Node]:
         """The arguments of ``n`` that are tensors (sizes read off ``x.shape`` are not data flow)."""
         found: list[torch.fx.Node] = []
-        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(a) if shapes.shapes[a] is not None else None)
+        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(a) if self.shapes[a] is not None else None)
         return found
 
-    def inputs_of(n: torch.fx.Node, where: str) -> list[str]:
-        args = tensors(n)
+    def _inputs_of(self, n: torch.fx.Node, where: str) -> list[str]:
+        args = self._tensors(n)
         if len(args) != 1:
             raise NIRError(f"{where} takes {len(args)} tensors; NIR nodes take one")
-        return sources[args[0]]
+        return self.sources[args[0]]
 
-    def add_node(n: torch.fx.Node, node: Any, srcs: list[str]) -> None:
+    def _feature(self, n: torch.fx.Node, where: str) -> tuple[int, ...]:
+        return _feature(self.shapes[n], self.steps, where)
+
+    def _add_node(self, n: torch.fx.Node, node: Any, srcs: list[str]) -> None:
         # named after the layer's attribute path ("conv", "layers.2"), else fx's name for the operation
         name = {"placeholder": "input", "output": "output"}.get(n.op, str(n.target) if n.op == "call_module" else n.name)
-        if name in nodes:
+        if name in self.nodes:
             name = n.name
-        nodes[name] = node
-        edges.extend((s, name) for s in srcs)
-        sources[n] = [name]
+        self.nodes[name] = node
+        self.edges.extend((s, name) for s in srcs)
+        self.sources[n] = [name]
 
-    for n in gm.graph.nodes:
-        where = f"{n.op} {n.target if n.op != 'call_module' else repr(n.target)}"
-        if n.op != "output" and shapes.shapes[n] is None:
-            continue  # sizes and other non-tensor values: not data flow
-        if n.op == "placeholder":
-            if nodes:
-                raise NIRError(f"{where}: to_nir exports modules with one input")
-            add_node(n, nir.Input(input_type=np.array(_feature(shapes.shapes[n], steps, where))), [])
-        elif n.op == "output":
-            out = n.args[0]
-            if not isinstance(out, torch.fx.Node):
-                raise NIRError("the module must return one tensor")
-            add_node(n, nir.Output(output_type=np.array(_feature(shapes.shapes[out], steps, "the output"))),
-                     sources[out])
-        elif n.op == "call_module":
-            m = gm.get_submodule(n.target)
-            srcs = inputs_of(n, where)
-            if isinstance(m, _PASS_THROUGH):
-                sources[n] = srcs
-            elif isinstance(m, nn.Flatten):
-                _reshape(n, srcs, shapes.shapes, steps, where, add_node, sources)
-            else:
-                feature_in = _feature(shapes.shapes[tensors(n)[0]], steps, where)
-                add_node(n, _layer_node(m, feature_in, dt, where), srcs)
-                if isinstance(m, FlexSN) and m.spec.recurrent:  # its weight on an edge back to itself
-                    (name,), rec = sources[n], next(iter(m.spec.recurrent.values()))
-                    _loop_back(nodes, edges, name, f"{name}.{rec.weight_name}", getattr(m, rec.weight_name))
-        elif (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
-                (n.op == "call_method" and n.target == "add"):
-            args = tensors(n)
-            if len(args) != len(n.args) or len(args) != 2 or n.kwargs:
-                raise NIRError(f"{where}: only the sum of two layers' outputs is exported (a sum is two edges "
-                               "into the next node)")
-            sources[n] = sources[args[0]] + sources[args[1]]
-        elif (n.op == "call_method" and n.target in _RESHAPES) or \
-                (n.op == "call_function" and n.target in (torch.flatten, torch.reshape, torch.unflatten)):
-            _reshape(n, inputs_of(n, where), shapes.shapes, steps, where, add_node, sources)
+    def _input(self, n: torch.fx.Node, where: str) -> None:
+        if self.nodes:
+            raise NIRError(f"{where}: to_nir exports modules with one input")
+        self._add_node(n, _nir().Input(input_type=np.array(self._feature(n, where))), [])
+
+    def _output(self, n: torch.fx.Node) -> None:
+        out = n.args[0]
+        if not isinstance(out, torch.fx.Node):
+            raise NIRError("the module must return one tensor")
+        self._add_node(n, _nir().Output(output_type=np.array(self._feature(out, "the output"))), self.sources[out])
+
+    def _layer(self, n: torch.fx.Node, where: str) -> None:
+        m = self.gm.get_submodule(n.target)
+        srcs = self._inputs_of(n, where)
+        if isinstance(m, _PASS_THROUGH):
+            self.sources[n] = srcs
+        elif isinstance(m, nn.Flatten):
+            self._reshape(n, srcs, where)
         else:
-            raise NIRError(f"{where}: this operation has no NIR node")
-    return nir.NIRGraph(nodes=nodes, edges=edges)
+            self._add_node(n, _layer_node(m, self._feature(self._tensors(n)[0], where), self.dt, where), srcs)
+            if isinstance(m, FlexSN) and m.spec.recurrent:  # its weight on an edge back to itself
+                (name,), rec = self.sources[n], next(iter(m.spec.recurrent.values()))
+                _loop_back(self.nodes, self.edges, name, f"{name}.{rec.weight_name}", getattr(m, rec.weight_name))
+
+    def _add(self, n: torch.fx.Node, where: str) -> None:
+        args = self._tensors(n)
+        if len(args) != len(n.args) or len(args) != 2 or n.kwargs:
+            raise NIRError(f"{where}: only the sum of two layers' outputs is exported (a sum is two edges "
+                           "into the next node)")
+        self.sources[n] = self.sources[args[0]] + self.sources[args[1]]
+
+    def _reshape(self, n: torch.fx.Node, srcs: list[str], where: str) -> None:
+        """A reshape: nothing where it only folds or unfolds time and batch, else a NIR Flatten."""
+        before = self._feature(next(a for a in n.all_input_nodes if self.shapes[a] is not None), where)
+        after = self._feature(n, where)
+        if before == after:
+            self.sources[n] = srcs
+            return
+        dims = _flatten_dims(before, after)
+        if dims is None:
+            raise NIRError(f"{where}: reshapes one sample from {list(before)} to {list(after)}, which is not a flatten")
+        self._add_node(n, _nir().Flatten(input_type={"input": np.array(before)}, start_dim=dims[0], end_dim=dims[1]),
+                       srcs)
 
 
 def _export_network(net: NIRNetwork, sample_input: torch.Tensor, dt: float | None) -> Any:
@@ -1060,16 +1129,3 @@ def _export_network(net: NIRNetwork, sample_input: torch.Tensor, dt: float | Non
             nodes[name] = _layer_node(net.nodes[key], feature[key][2:], dt, f"node {name!r}")  # [T, B, ...]
     return nir.NIRGraph(nodes=nodes, edges=edges)
 
-
-def _reshape(n, srcs, shapes, steps, where, add_node, sources) -> None:
-    """A reshape: nothing where it only folds or unfolds time and batch, else a NIR Flatten."""
-    nir = _nir()
-    before = _feature(shapes[next(a for a in n.all_input_nodes if shapes[a] is not None)], steps, where)
-    after = _feature(shapes[n], steps, where)
-    if before == after:
-        sources[n] = srcs
-        return
-    dims = _flatten_dims(before, after)
-    if dims is None:
-        raise NIRError(f"{where}: reshapes one sample from {list(before)} to {list(after)}, which is not a flatten")
-    add_node(n, nir.Flatten(input_type={"input": np.array(before)}, start_dim=dims[0], end_dim=dims[1]), srcs)

@@ -442,6 +442,53 @@ def test_specs_without_a_nir_node_are_refused(name, dt, message):
         match_neuron(_zoo(name), dt)
 
 
+class _Lambda(torch.nn.Module):
+    """A module whose forward is ``fn(self, x)``; ``layers`` are its children."""
+
+    def __init__(self, fn, *layers):
+        super().__init__()
+        self.fn, self.layers = fn, torch.nn.ModuleList(layers)
+
+    def forward(self, x):
+        return self.fn(self, x)
+
+
+@pytest.mark.parametrize("make, shapes, message", [
+    (lambda: torch.nn.ReLU(), [(N,)],
+     r"^call_module '0': ReLU has no NIR node \(to_nir exports Linear, Conv1d, Conv2d, AvgPool2d, flatten/reshape, "
+     r"addition and flexsn-dsl neurons\)$"),
+    (lambda: flexsn_dsl.PerStep(torch.nn.Conv1d(3, 3, 1, padding_mode="reflect")), [(3, 4)],
+     r"^call_module '0': padding_mode='reflect'; NIR convolutions pad with zeros$"),
+    (lambda: flexsn_dsl.PerStep(torch.nn.AvgPool2d(2, ceil_mode=True)), [(1, 4, 4)],
+     r"^call_module '0': AvgPool2d\(.*\) has options NIR's pooling nodes do not \(ceil_mode, count_include_pad=False, "
+     r"a divisor other than 1\)$"),
+    (lambda: _Lambda(lambda self, x: x * 2), [(N,)], r"^call_function <built-in function mul>: this operation has no NIR "
+     r"node$"),
+    (lambda: _Lambda(lambda self, x: (x, x)), [(N,)], r"^the module must return one tensor$"),
+    (lambda: _Lambda(lambda self, x: x + 1.0), [(N,)], r"^call_function <built-in function add>: only the sum of two "
+     r"layers' outputs is exported \(a sum is two edges into the next node\)$"),
+    (lambda: _Lambda(lambda self, x: x.transpose(1, 2)), [(N,)], r"^call_method transpose: this operation has no NIR "
+     r"node$"),
+    (lambda: _Lambda(lambda self, x: x.reshape(2, 2, 3, 2).flatten(2, 3).reshape(2, 2, 2, 3)), [(3, 2)],
+     r"^call_method reshape: reshapes one sample from \[6\] to \[2, 3\], which is not a flatten$"),
+    (lambda: _Lambda(lambda self, x: self.layers[0](x, x), torch.nn.Bilinear(N, N, N)), [(N,)],
+     r"^call_module 'layers.0' takes 2 tensors; NIR nodes take one$"),
+])
+def test_export_errors_name_the_operation(make, shapes, message):
+    """to_nir refuses what has no NIR node, naming the fx operation (or layer) and what it would take."""
+    with torch.device("cpu"):
+        module = make().to(DTYPE)
+    xs = [_rand(2, 2, *shape, seed=43) for shape in shapes]
+    with pytest.raises(NIRError, match=message):
+        to_nir(module, *xs)
+
+
+def test_export_of_a_delay_needs_dt():
+    net = from_nir(nir.NIRGraph.from_list(nir.Delay(delay=np.array([1.0, 2.0]))), dt=1.0)
+    with pytest.raises(NIRError, match=r"^node 'delay': a Delay counts steps; give to_nir\(..., dt=...\) to write"):
+        to_nir(net, torch.zeros(3, 1, 2))
+
+
 class _Net(torch.nn.Module):
     """Conv2d over every step (time folded into the batch) -> LIF -> sum pooling -> Linear -> CUBA LIF."""
 
