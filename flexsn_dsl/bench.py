@@ -1,8 +1,9 @@
 """``flexsn-dsl bench``: our kernels against a bare launch, torch loops, torch.compile and SpikingJelly.
 
 Every case is timed in one process: ``triton.testing.do_bench`` medians after
-warm-up on CUDA (perf_counter medians on the CPU, where "ours" runs in Triton's
-interpreter and the numbers only show that the command works). The memory
+warm-up on CUDA, and medians of CUDA-graph replays (:func:`graph_replay_ms`)
+(perf_counter medians on the CPU, where "ours" runs in Triton's interpreter and
+the numbers only show that the command works). The memory
 floor is the bytes a call must move (:func:`floor_bytes`) over the copy
 bandwidth measured in the same run.
 """
@@ -77,14 +78,6 @@ class Result:
     def ratio(self) -> float | None:
         best = self.graph_ms or self.ms
         return best / self.floor_ms if best and self.floor_ms else None
-
-
-def _graph_timer(device) -> Callable[[Callable], float] | None:
-    """Median of CUDA-graph replays: kernel time without Python launch overhead."""
-    if device.type != "cuda":
-        return None
-    from triton.testing import do_bench_cudagraph
-    return lambda fn: do_bench_cudagraph(fn, rep=200, return_mode="median")
 
 
 def graph_replay_ms(fn: Callable, replays: int = 20, rounds: int = 7) -> float:
@@ -358,7 +351,8 @@ def run_bench(args) -> list[Result]:
     device = _device(args.device)
     shapes = [tuple(args.shape)] if args.shape else \
         [(n,) for n in (args.neurons or [4 * 1024 * 1024 if device.type == "cuda" else 4096])]
-    timer, graph_timer = _timer(device), _graph_timer(device)
+    timer = _timer(device)
+    graph_timer = graph_replay_ms if device.type == "cuda" else None  # kernel time without Python launch overhead
     bandwidth = copy_bandwidth(device)
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}; "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s", file=sys.stderr)

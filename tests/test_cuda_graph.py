@@ -1,14 +1,17 @@
 """A whole training step (forward, backward, optimizer step) of a conv SNN with our neurons,
 captured in one CUDA graph and replayed, trains exactly as the same steps run eagerly
-(examples/cuda_graph_step.py). GPU only."""
+(examples/cuda_graph_step.py); bench's CUDA-graph timer replays what it captured. GPU only."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from flexsn_dsl.bench import graph_replay_ms
+from flexsn_dsl.cli import main
 from flexsn_dsl.triton_runtime import interpreting
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cuda_graph_step.py"
@@ -54,3 +57,20 @@ def test_the_captured_step_starts_every_replay_from_reset_states():
         graph.replay()
         losses.append(loss.item())
     assert losses == pytest.approx([expected] * 3, rel=1e-6)
+
+
+def test_graph_replay_ms_times_replays_of_the_captured_call():
+    """bench.graph_replay_ms, the CUDA-graph timer of `flexsn-dsl bench` and of the benchmarks: the call runs
+    3 times to warm up, once captured (a capture runs nothing), then 1 + rounds * replays replays."""
+    counter = torch.zeros((), device="cuda")
+    ms = graph_replay_ms(lambda: counter.add_(1), replays=5, rounds=3)
+    assert counter.item() == 3 + 1 + 3 * 5 and ms > 0
+
+
+def test_bench_times_our_rows_from_graph_replays(tmp_path):
+    """`flexsn-dsl bench` on CUDA fills the graph column of our rows, in inference and in training."""
+    out = tmp_path / "bench.json"
+    spec = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
+    assert main(["bench", str(spec), "-T", "4", "-n", "4096", "--peers", "--device", "cuda", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())[0]["results"]
+    assert sorted((r["mode"], bool(r["graph_ms"])) for r in rows) == [("inference", True), ("training", True)]
