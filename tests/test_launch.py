@@ -67,11 +67,22 @@ def test_direct_launch_compiles_through_the_jit_once_per_specialization(monkeypa
     assert [c[0] for c in kernel.calls[6:]] == ["direct"] * 3
 
 
-def test_direct_launch_leaves_profiler_hooks_to_triton(monkeypatch):
+@pytest.mark.parametrize("kind", ["function", "chain"])
+def test_direct_launch_leaves_profiler_hooks_to_triton(monkeypatch, kind):
+    """A launch hook (a function in Triton 3.6, a chain of calls in later versions, as a profiler sets
+    it) gets Triton's own launch, with its metadata."""
     import triton
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(tr, "_current_stream", lambda device: 0)
-    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    hook = lambda metadata: None  # noqa: E731
+    if kind == "chain":
+        if not hasattr(triton.knobs, "HookChain"):
+            pytest.skip("this Triton's launch hooks are plain functions")
+        chain = triton.knobs.HookChain()
+        assert not tr._hooked(chain)  # (an empty chain, as Triton 3.9 starts with, is no hook)
+        chain.add(hook)
+        hook = chain
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", hook)
     kernel = _Kernel()
     launch = tr.DirectLaunch(kernel, (1,))
     flags = {"_F": False, "_B": 16}
