@@ -123,12 +123,12 @@ def test_a_compiled_training_step_issues_the_kernels_itself(fresh_dynamo):
     from torch._inductor.utils import run_and_get_code
     torch.manual_seed(3)
     m = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton")
-    w = torch.rand(6, 6)
+    w, k = torch.rand(6, 6), torch.arange(6.0)
 
     def step(x):
         m.reset()
         y = m(x @ w)
-        loss = (y * torch.arange(6.0)).sum() + m.states["v"].sum()
+        loss = (y * k).sum() + m.states["v"].sum()
         loss.backward()
         return y.detach(), m.w.grad
 
