@@ -6,8 +6,10 @@ CPU time of this thread per call (other processes on a shared machine do not cou
 of many batches; small tensors, so that the CPU allocator is cheap (the CUDA caching allocator
 is). ``--layers L``: also a chain of L layers (each after ``x * 1.1``), ours against ReLU, eager
 and under ``torch.compile(fullgraph=True)``: the host time one layer adds either way.
+``--autocast``: also each call on bfloat16 inputs inside ``torch.autocast("cpu", dtype=torch.bfloat16)``
+(entered at every call, as in a training step under autocast), ours and the floor alike.
 
-Usage: python benchmarks/host_cpu.py [spec] [-T 4] [-n 1024] [--rounds 5] [--layers 4]
+Usage: python benchmarks/host_cpu.py [spec] [-T 4] [-n 1024] [--rounds 5] [--layers 4] [--autocast]
 """
 from __future__ import annotations
 
@@ -60,6 +62,14 @@ def per_call_us(fn, batches: int, calls: int = 50) -> float:
     return best
 
 
+def under_autocast(fn: Callable) -> Callable:
+    """``fn`` called inside CPU autocast to bfloat16."""
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn()
+    return run
+
+
 def best_of(runs: dict[str, Callable], rounds: int, batches: int, calls: int = 50) -> dict[str, float]:
     """The best :func:`per_call_us` of each run over ``rounds`` rounds, each run in turn in a round."""
     best = {name: float("inf") for name in runs}
@@ -106,6 +116,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds, each variant in turn (default 5)")
     parser.add_argument("--layers", type=int, default=0, help="also time a chain of this many layers, eager and "
                         "compiled (default: no chain)")
+    parser.add_argument("--autocast", action="store_true", help="also calls on bfloat16 inputs under autocast")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the compiled chain's elementwise kernels: no OpenMP threads on a shared machine
     m = flexsn_dsl.load(args.spec, backend="triton")
@@ -113,13 +124,17 @@ def main() -> None:
     kernels.module = _Stubbed(kernels.module)  # before any launch plan is built
     x = torch.rand(args.T, args.n, requires_grad=True)
     xs = [x] * len(m.spec.inputs)
-    runs = {f"{impl} {mode}": make(m, xs, mode) for mode in ("inference", "training")
-            for impl, make in (("flexsn-dsl", _runner), ("minimal", minimal_runner))}
+    impls = (("flexsn-dsl", _runner), ("minimal", minimal_runner))
+    runs = {f"{impl} {mode}": make(m, xs, mode) for mode in ("inference", "training") for impl, make in impls}
+    if args.autocast:
+        xs16 = [x.detach().bfloat16().requires_grad_()] * len(xs)
+        runs.update({f"{impl} {mode} autocast": under_autocast(make(m, xs16, mode))
+                     for mode in ("inference", "training") for impl, make in impls})
     best = best_of(runs, args.rounds, batches=20)
     print(f"{m.spec.name}, T={args.T}, n={args.n}, launches stubbed; host us per call (best of {args.rounds} rounds)")
-    for mode in ("inference", "training"):
+    for mode in [name.partition(" ")[2] for name in runs if name.startswith("minimal")]:
         ours, floor = best[f"flexsn-dsl {mode}"], best[f"minimal {mode}"]
-        print(f"{mode:10s} flexsn-dsl {ours:7.1f} us   minimal Function {floor:7.1f} us   ratio {ours / floor:5.2f}x")
+        print(f"{mode:19s} flexsn-dsl {ours:7.1f} us   minimal Function {floor:7.1f} us   ratio {ours / floor:5.2f}x")
     if args.layers:
         chain = chain_rows(args.spec, x, args.layers, args.rounds)
         print(f"chain of {args.layers} layers, training call, host us: " +

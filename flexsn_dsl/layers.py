@@ -30,4 +30,4 @@ class PerStep(nn.Module):
         self.layer = layers[0] if len(layers) == 1 else nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layer(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        return torch.unflatten(self.layer(x.flatten(0, 1)), 0, x.shape[:2])  # (the function: no Python wrapper)

@@ -292,37 +292,40 @@ class FlexSN(nn.Module):
         names = spec.inputs
         if len(inputs) != len(names):
             raise TypeError(f"{spec.name} takes {len(names)} input(s) {names}, got {len(inputs)}")
-        shape = inputs[0].shape
-        for name, x in zip(names[1:], inputs[1:]):
-            if x.shape != shape:
-                raise ValueError(f"input {name!r} has shape {tuple(x.shape)}, expected {tuple(shape)} like {names[0]!r}")
+        if len(inputs) > 1:
+            shape = inputs[0].shape
+            for name, x in zip(names[1:], inputs[1:]):
+                if x.shape != shape:
+                    raise ValueError(f"input {name!r} has shape {tuple(x.shape)}, expected {tuple(shape)} like "
+                                     f"{names[0]!r}")
         inputs = _floating(inputs)
-        if self.step_mode == "s":
-            inputs = tuple(x.unsqueeze(0) for x in inputs)
+        single = self.step_mode == "s"
+        if single:
+            inputs = [x.unsqueeze(0) for x in inputs]
         x = inputs[0]
         if x.dim() < 1:
             raise ValueError("step_mode='m' needs inputs of shape [T, ...]")
-        step = x.shape[1:]
         if self._shaped:
-            self._check_shapes(x[0] if self.step_mode == "s" else x, names[0], step)
+            self._check_shapes(x[0] if single else x, names[0], x.shape[1:])
         backend = self._choose_backend(x)
-        states = self._carried(x, step) if self.states else []  # (after reset(): none carried)
+        states = self._carried(x) if self.states else []  # (after reset(): none carried)
         if len(states) < len(spec.states):  # not all carried: every state starts from its initial value
             if backend == "triton" and self._constant_init:
                 states = []  # constants: the kernels start from them and read no initial-state tensor
             else:
-                states = self._initial_states(self._initial_values(), x[0] if x.shape[0] else x.new_zeros(step))
+                states = self._initial_states(self._initial_values(), x[0] if x.shape[0] else x.new_zeros(x.shape[1:]))
+        params = self._param_values() if self._runtime_params else {}
         fed = self._fed_back(x, names[0]) if spec.recurrent else []
         if backend == "torch":
-            outputs, finals, seqs, fed = self._run_torch(inputs, states, fed)
+            outputs, finals, seqs, fed = self._run_torch(inputs, states, fed, params)
         elif spec.recurrent:
             from .triton_recurrent import run_recurrent
             (rec,) = spec.recurrent.values()
             outputs, finals, fed = run_recurrent(self._compiled, inputs, states, fed[0], getattr(self, rec.weight_name),
-                                                 self._param_values())
+                                                 params)
             seqs = []
         else:
-            outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, self._param_values(),
+            outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, params,
                                                                 self.store_state_seqs)
         carry = dict(zip(spec.states, finals))
         if spec.recurrent:
@@ -330,17 +333,20 @@ class FlexSN(nn.Module):
         # (plain attributes: nn.Module.__setattr__ would look for a parameter, buffer or submodule of that name)
         _set(self, "states", carry)
         if self.store_state_seqs:
-            _set(self, "state_seqs", dict(zip(spec.states, (s[0] for s in seqs) if self.step_mode == "s" else seqs)))
-        if self.step_mode == "s":
+            _set(self, "state_seqs", dict(zip(spec.states, (s[0] for s in seqs) if single else seqs)))
+        if single:
             outputs = [o[0] for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _carried(self, x: torch.Tensor, step: torch.Size) -> list[torch.Tensor]:
-        """The states carried from the last call, in the inputs' dtype and device (a ValueError when their
-        shape is not a step's); fewer than the spec's states when not all are carried."""
-        spec, states = self.spec, self.states
+    def _carried(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The states carried from the last call, in the dtype and device of ``x`` (the inputs [T, ...]), a
+        ValueError when their shape is not a step's; fewer than the spec's states when not all are carried."""
+        spec, states = self._compiled.model, self.states
         carried = [states[n] for n in spec.states if states.get(n) is not None]
-        if carried and carried[0].shape != step:
+        if not carried:
+            return carried
+        step = x.shape[1:]
+        if carried[0].shape != step:
             what = "an input of shape" if self.step_mode == "s" else "input steps of shape"
             raise ValueError(f"{spec.name}: {what} {tuple(step)}, but the states carried from the last "
                              f"call have shape {tuple(carried[0].shape)}: call reset() before a new batch or input "
@@ -364,10 +370,11 @@ class FlexSN(nn.Module):
                        else prev.to(device=x.device, dtype=x.dtype))
         return out
 
-    def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor], fed: list[torch.Tensor]):
+    def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor], fed: list[torch.Tensor],
+                   params: dict[str, torch.Tensor]):
         step = self._compiled.torch_namespace["step"]
-        shaped = set(self.spec.shaped)  # computed in the inputs' dtype, like the 0-dim scalars
-        params = {k: v.to(inputs[0].dtype) if k in shaped else v for k, v in self._param_values().items()}
+        # (``params``: the runtime parameters; the shaped ones computed in the inputs' dtype, like the 0-dim scalars)
+        params = {k: v.to(inputs[0].dtype) if k in self._shaped else v for k, v in params.items()}
         weights = [getattr(self, r.weight_name).to(inputs[0].dtype) for r in self.spec.recurrent.values()]
         per_step_outputs, per_step_states = [], []
         for t in range(inputs[0].shape[0]):
@@ -458,7 +465,18 @@ def detach_net(net: nn.Module) -> int:
 
 
 def _neurons(net: nn.Module) -> list[FlexSN]:
-    return [m for m in net.modules() if isinstance(m, FlexSN)]
+    """The flexsn-dsl neurons of ``net`` in the order of ``net.modules()``, each once: the same walk over the
+    submodule dictionaries, without the name ``modules()`` builds for every module (once per training step)."""
+    out, seen, todo = [], set(), [net]
+    while todo:
+        m = todo.pop()
+        if m is None or m in seen:
+            continue
+        seen.add(m)
+        if isinstance(m, FlexSN):
+            out.append(m)
+        todo += reversed(m._modules.values())  # (pre-order: the first child on top)
+    return out
 
 
 def load(path: str | os.PathLike, params: dict[str, float | torch.Tensor] | None = None, step_mode: str = "m",

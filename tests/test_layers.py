@@ -78,6 +78,22 @@ def test_reset_net_resets_every_neuron_like_a_fresh_network():
     assert torch.equal(net(x2), from_rest)
 
 
+def test_reset_net_visits_the_neurons_of_net_modules_once_each():
+    lif = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
+    shared, nested, top = (flexsn_dsl.load(lif, backend="torch") for _ in range(3))
+    inner = nn.Sequential(nn.Linear(3, 3), nested)
+    inner.register_module("missing", None)  # a None submodule, skipped as modules() skips it
+    net = nn.Sequential(shared, inner, nn.ModuleList([shared, nn.ReLU()]), top)
+    x = torch.rand(2, 3)
+    for m in (shared, nested, top):
+        m(x)
+    from flexsn_dsl.runtime import _neurons
+    assert _neurons(net) == [m for m in net.modules() if isinstance(m, flexsn_dsl.FlexSN)] == [shared, nested, top]
+    assert flexsn_dsl.reset_net(net) == 3
+    assert all(m.states == {} for m in (shared, nested, top))
+    assert flexsn_dsl.reset_net(top) == 1  # a neuron on its own
+
+
 def test_detach_net_cuts_the_graph_of_earlier_calls_but_keeps_the_states():
     torch.manual_seed(1)
     net = _spiking_net()
