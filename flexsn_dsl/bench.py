@@ -185,21 +185,33 @@ def _peak(device, fn) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
-def _runner(module, xs, mode: str):
+def _inside(context: Callable, fn: Callable) -> Callable:
+    """``fn`` called inside a fresh ``context()`` each time."""
+    def call(*args):
+        with context():
+            return fn(*args)
+    return call
+
+
+def _runner(module, xs, mode: str, forward_in: Callable | None = None):
+    """A call of ``module`` from reset states (training: then the gradients of the inputs and learnable
+    parameters). ``forward_in``: a context (e.g. autocast) each call's forward runs in, made afresh per
+    call; the backward runs outside it, as in a training step."""
     import torch
     params = [p for p in module.parameters() if p.requires_grad]
+    call = module if forward_in is None else _inside(forward_in, module)
     if mode == "inference":
         def run():
             module.reset()
             with torch.no_grad():
-                return module(*xs)
+                return call(*xs)
         return run
     grads = None
 
     def run():
         nonlocal grads
         module.reset()
-        ys = module(*xs)
+        ys = call(*xs)
         ys = ys if isinstance(ys, tuple) else (ys,)
         if grads is None:
             grads = [torch.randn_like(y) for y in ys]
@@ -207,11 +219,11 @@ def _runner(module, xs, mode: str):
     return run
 
 
-def minimal_runner(module, xs, mode: str) -> Callable | None:
+def minimal_runner(module, xs, mode: str, forward_in: Callable | None = None) -> Callable | None:
     """The host floor: the spec's fused kernels launched by a bare autograd.Function (inference:
     a bare launch) with no checks, the launch arguments computed once for these inputs (which
-    must be contiguous); a call from reset states. None for a spec whose kernels take more than
-    inputs (runtime parameters, initial states that are not constants)."""
+    must be contiguous); a call from reset states; ``forward_in`` as for :func:`_runner`. None for
+    a spec whose kernels take more than inputs (runtime parameters, initial states that are not constants)."""
     import torch
 
     from . import triton_runtime as tr
@@ -254,12 +266,13 @@ def minimal_runner(module, xs, mode: str) -> Callable | None:
                 finals = [xs[0].new_empty(step) for _ in range(n_st)]
                 inference(*xs, *finals, *outs, *finals, T, n, **kw)
                 return outs
-        return run
+        return run if forward_in is None else _inside(forward_in, run)
     grads = None
+    apply = Minimal.apply if forward_in is None else _inside(forward_in, Minimal.apply)
 
     def run():
         nonlocal grads
-        ys = Minimal.apply(*xs)
+        ys = apply(*xs)
         if grads is None:
             grads = [torch.randn_like(y) for y in ys]
         return torch.autograd.grad(ys, xs, grads)

@@ -3,6 +3,7 @@ symbolic backward against finite differences, what the forward saves, the kernel
 torch.compile(fullgraph=True) around the operators, and the bench command."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -240,6 +241,35 @@ def test_bench_minimal_peer_computes_what_the_torch_backend_does(spec):
     want = torch.autograd.grad(expected, xs, [torch.randn_like(y) for y in expected])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def test_bench_runners_run_the_forward_only_inside_forward_in():
+    """``forward_in`` (the autocast rows of benchmarks/host_cpu.py) is entered once a call, around the
+    forward; the backward runs outside it, as in a training step; the gradients are those without it."""
+    from flexsn_dsl.bench import _runner, minimal_runner
+    m = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", backend="triton")
+    x = (torch.rand(5, 3, 7) * 2).requires_grad_()
+    inside, entered, backward_inside = [False], [], []
+
+    @contextlib.contextmanager
+    def forward_in():
+        inside[0] = True
+        entered.append(1)
+        try:
+            yield
+        finally:
+            inside[0] = False
+
+    x.register_hook(lambda g: backward_inside.append(inside[0]))
+    for make in (_runner, minimal_runner):
+        torch.manual_seed(0)
+        want = make(m, [x], "training")()
+        torch.manual_seed(0)
+        got = make(m, [x], "training", forward_in)()
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+        torch.testing.assert_close(make(m, [x], "inference", forward_in)()[0],
+                                   make(m, [x], "inference")()[0], rtol=0, atol=0)
+    assert len(entered) == 4 and backward_inside == [False] * 4
 
 
 def test_bench_minimal_peer_refuses_kernels_that_take_more_than_inputs():
