@@ -203,6 +203,9 @@ def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_
     rows: dict[tuple, dict] = {}
     steps: dict[tuple, object] = {}
     for net in nets:
+        # a fresh dynamo per net: Sequential.forward compiled for the previous net's input shape would make
+        # dynamo recompile this net's steps with dynamic shapes ("automatic dynamic")
+        torch._dynamo.reset()
         for variant in variants:
             for column in columns:
                 key = (net, variant, column)
