@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import itertools
 import math
@@ -586,12 +587,32 @@ fused_backward = torch.ops.flexsn_dsl.fused_backward.default
 # into them (the allocations and ``wrap_triton`` launches), and inductor issues the kernels from the
 # compiled step with its own launcher, with no Python call of ours per launch. The interpreter on the CPU
 # cannot be traced that way (its kernels are not JIT functions), nor can autotuning (its block size is
-# chosen at the first launch); both keep the opaque operators. The launch settings are read when the
-# step is compiled.
+# chosen at the first launch); both keep the opaque operators, as does the tiled backward of learnable
+# shaped parameters under dynamic shapes (its tiles depend on the sizes). The launch settings are read
+# when the step is compiled.
+def _traced_plan(key: str, like: torch.Tensor) -> Plan:
+    """The plan a traced operator launches with: for dynamic shapes, the plan of the sizes torch.compile
+    traced with (block size, flags), its sizes, grid and number of programs made symbolic."""
+    shape = like.shape
+    if all(type(d) is int for d in shape):
+        return _plan_for(key, like)
+    plan = copy.copy(_kernels_for(key, like).plan(torch.Size(map(_size_hint, shape)), like.dtype, launch_settings()))
+    plan.shape, plan.T, plan.step = shape, shape[0], shape[1:]
+    plan.step_sizes, plan.n = tuple(plan.step), math.prod(plan.step)
+    plan.programs = _cdiv(plan.n, plan.block)
+    plan.grid = (plan.programs,)
+    return plan
+
+
+def _size_hint(size) -> int:
+    """The value a size had when torch.compile traced it (a symbolic one's hint; no guard)."""
+    return size if type(size) is int else size.node.hint
+
+
 def _traced_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
                     params: Optional[torch.Tensor], shaped: list[torch.Tensor], layout: list[int],
                     training: bool) -> list[torch.Tensor]:
-    outs, saved, seqs, finals, _ = _forward(_plan_for(key, xs[0]), xs, inits, params, shaped, layout, training,
+    outs, saved, seqs, finals, _ = _forward(_traced_plan(key, xs[0]), xs, inits, params, shaped, layout, training,
                                             store_seqs, traced=True)
     return [*outs, *saved, *seqs, *finals]
 
@@ -600,8 +621,8 @@ def _traced_backward(key: str, store_seqs: bool, grads: list[Optional[torch.Tens
                      xs: list[Optional[torch.Tensor]], outs: list[torch.Tensor], params: Optional[torch.Tensor],
                      shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
     grad_x, grad_init, grad_params, grad_shaped = _backward(
-        _plan_for(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs], outs,
-        params, shaped, layout, init_grads, traced=True)
+        _traced_plan(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs],
+        outs, params, shaped, layout, init_grads, traced=True)
     return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
             *[g for g in grad_shaped if g is not None]]
 
@@ -612,11 +633,10 @@ traced_forward = torch.ops.flexsn_dsl.traced_forward.default
 traced_backward = torch.ops.flexsn_dsl.traced_backward.default
 
 
-def _operators(like: torch.Tensor) -> tuple:
-    """The (forward, backward) operators a compiled step calls on inputs like ``like``: the traced ones on a
-    GPU for static shapes (a launch plan is made per shape; dynamic shapes keep the opaque ones)."""
+def _operators(key: str, like: torch.Tensor) -> tuple:
+    """The (forward, backward) operators a compiled step of spec ``key`` calls on inputs like ``like``."""
     if (like.is_cuda and not interpreting() and not launch_settings().autotune
-            and all(type(d) is int for d in like.shape)):
+            and not (_REGISTRY[key].info.learnable_shaped and not all(type(d) is int for d in like.shape))):
         return traced_forward, traced_backward
     return fused_forward, fused_backward
 
@@ -633,7 +653,7 @@ class _CompiledSteps(torch.autograd.Function):
         a, b, c = n_x, n_x + n_init, n_x + n_init + n_params
         xs, inits, params, shaped = list(tensors[:a]), list(tensors[a:b]), tensors[b:c], list(tensors[c:])
         param_vec = _stack(list(params))
-        forward, backward = _operators(xs[0])
+        forward, backward = _operators(key, xs[0])
         results = forward(key, store_seqs, xs, inits, param_vec, shaped, list(layout), True)
         n_out, n_saved = info.num_outputs, len(info.saved_names)
         ctx.call, ctx.backward_op = call, backward
@@ -669,7 +689,7 @@ def _fused_steps(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list
     as a 0-dim tensor (one each, so that each gets its own gradient); see :func:`_fused_forward`. Where no
     gradient is needed, the inference kernels (nothing saved)."""
     if not _needs_grad(xs, inits, params, shaped):
-        return _operators(xs[0])[0](key, store_seqs, xs, inits, _stack(params), shaped, layout, False)
+        return _operators(key, xs[0])[0](key, store_seqs, xs, inits, _stack(params), shaped, layout, False)
     call = (key, store_seqs, len(xs), len(inits), len(params), tuple(layout))
     return list(_CompiledSteps.apply(call, *xs, *inits, *params, *shaped))
 

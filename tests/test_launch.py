@@ -143,3 +143,40 @@ def test_a_compiled_training_step_issues_the_kernels_itself(fresh_dynamo):
     assert "fused_forward" not in code and "fused_backward" not in code
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@gpu_only
+@pytest.mark.parametrize("spec", ["lif", "plif"])
+def test_a_step_compiled_with_dynamic_shapes_issues_the_kernels_itself(spec, fresh_dynamo):
+    """With dynamic shapes (sizes symbolic in the compiled code) the traced operators launch over the
+    sizes of each call: two batch sizes, one compiled step, results equal to eager ones."""
+    from torch._inductor.utils import run_and_get_code
+    m = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="triton")
+    k = torch.arange(7.0)
+
+    def step(x):
+        m.reset()
+        y = m(x * 1.5)
+        (y * k).sum().backward()
+        return y.detach()
+
+    compiled = torch.compile(step, dynamic=True)
+    for batch in (3, 37):
+        x = torch.rand(4, batch, 7, generator=torch.Generator().manual_seed(batch), device="cpu").cuda() * 2
+        expected = []
+        for run in (step, compiled):
+            leaf = x.clone().requires_grad_()
+            for p in m.parameters():
+                p.grad = None
+            if run is compiled and batch == 3:
+                y, codes = run_and_get_code(run, leaf)
+                code = "\n".join(codes)
+                assert f"{spec}_backward_kernel" in code and "fused_forward" not in code
+            elif run is compiled:
+                with torch.compiler.set_stance("fail_on_recompile"):  # (the sizes are symbolic: no recompilation)
+                    y = run(leaf)
+            else:
+                y = run(leaf)
+            expected.append([y, leaf.grad, *[p.grad for p in m.parameters()]])
+        for a, b in zip(*expected):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
