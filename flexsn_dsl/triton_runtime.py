@@ -475,14 +475,16 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
 
 class _TritonSteps(torch.autograd.Function):
     """Fused multi-step forward and backward (eager). ``call``: (plan, store_seqs, number of inputs,
-    layout, number of shaped parameters); tensor arguments: the scalar parameters, the shaped
-    parameters' values (:func:`shaped_view`), the inputs, the initial states."""
+    layout, number of shaped parameters, number of scalar parameters); tensor arguments: each learnable
+    scalar parameter (0-dim; stacked here, so that the graph has no node of its own for that), the
+    shaped parameters' values (:func:`shaped_view`), the inputs, the initial states."""
 
     @staticmethod
-    def forward(ctx, call: tuple, params, *tensors):
-        plan, store_seqs, n_inputs, layout, n_shaped = call
-        n_x = n_shaped + n_inputs
-        shaped, xs, inits = tensors[:n_shaped], tensors[n_shaped:n_x], tensors[n_x:]
+    def forward(ctx, call: tuple, *tensors):
+        plan, store_seqs, n_inputs, layout, n_shaped, n_params = call
+        n_x = n_params + n_shaped + n_inputs
+        params = _stack(list(tensors[:n_params]))
+        shaped, xs, inits = tensors[n_params:n_params + n_shaped], tensors[n_params + n_shaped:n_x], tensors[n_x:]
         outs, saved, seqs, finals, xs = _forward(plan, xs, inits, params, shaped, layout, True, store_seqs)
         ctx.call, ctx.n_saved, ctx.n_inits = call, len(saved), len(inits)
         ctx.save_for_backward(params, *shaped, *saved, *[x if keep else None for x, keep in zip(xs, plan.kept_inputs)],
@@ -492,14 +494,15 @@ class _TritonSteps(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        plan, store_seqs, n_in, layout, n_shaped = ctx.call
+        plan, store_seqs, n_in, layout, n_shaped, n_params = ctx.call
         params, *tensors = ctx.saved_tensors
         k = n_shaped + ctx.n_saved
         shaped, saved, xs, outs = tensors[:n_shaped], tensors[n_shaped:k], tensors[k:k + n_in], tensors[k + n_in:]
-        init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[2 + n_shaped + n_in:])
+        init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[1 + n_params + n_shaped + n_in:])
         grad_x, grad_init, grad_params, grad_shaped = _backward(plan, store_seqs, grads, saved, xs, outs, params,
                                                                 shaped, layout, init_grads)
-        return (None, grad_params, *grad_shaped, *grad_x, *(grad_init or [None] * ctx.n_inits))
+        return (None, *(grad_params.unbind(0) if grad_params is not None else ()), *grad_shaped, *grad_x,
+                *(grad_init or [None] * ctx.n_inits))
 
 
 # -- the same under torch.compile(fullgraph=True), as operators it treats as opaque --
@@ -712,13 +715,18 @@ def kernel_params(compiled: Compiled, params: dict[str, torch.Tensor], like: tor
     model = compiled.model  # (not INFO, which imports the kernels: nothing to trace under torch.compile)
     dtype, device = _torch_compute_dtype(like.dtype), like.device
     cast = lambda p: p if p.dtype == dtype and p.device == device else p.to(device=device, dtype=dtype)  # noqa: E731
-    scalars = [cast(params[n]).reshape(()) for n in model.learnable if not model.parameters[n].shaped]
+    scalars = [_scalar(cast(params[n])) for n in model.learnable if not model.parameters[n].shaped]
     shaped, layout = [], []
     for name in model.shaped:
         values, inner, size = shaped_view(cast(params[name]), like.shape[1:])
         shaped.append(values)
         layout += [inner, size]
     return scalars, shaped, layout
+
+
+def _scalar(p: torch.Tensor) -> torch.Tensor:
+    """A one-element parameter as a 0-dim tensor (itself when it is one: no view in the graph)."""
+    return p if p.dim() == 0 else p.reshape(())
 
 
 def _needs_grad(*groups: Sequence[torch.Tensor]) -> bool:
@@ -749,14 +757,14 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
         scalars = [n for n in model.learnable if not model.parameters[n].shaped]
         param_list = [p.detach() if name in zero else p for name, p in zip(scalars, param_list)]
         shaped = [v.detach() if name in zero else v for name, v in zip(model.shaped, shaped)]
-    param_vec = _stack(param_list)
     if not _needs_grad(inputs, states, shaped, param_list):
         with on_device(like):
-            outs, _, seqs, finals, _ = _forward(plan, inputs, states, param_vec, shaped, layout, False, store_seqs)
+            outs, _, seqs, finals, _ = _forward(plan, inputs, states, _stack(param_list), shaped, layout, False,
+                                                store_seqs)
         return outs, finals, seqs
     with on_device(like):  # (the backward runs on the autograd engine's thread for that device)
-        results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped)), param_vec, *shaped,
-                                     *inputs, *states)
+        results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped), len(param_list)),
+                                     *param_list, *shaped, *inputs, *states)
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
     return outs, list(results[len(results) - n_st:]), seqs
