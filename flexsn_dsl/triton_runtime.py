@@ -590,9 +590,9 @@ fused_backward = torch.ops.flexsn_dsl.fused_backward.default
 # into them (the allocations and ``wrap_triton`` launches), and inductor issues the kernels from the
 # compiled step with its own launcher, with no Python call of ours per launch. The interpreter on the CPU
 # cannot be traced that way (its kernels are not JIT functions), nor can autotuning (its block size is
-# chosen at the first launch); both keep the opaque operators, as does the tiled backward of learnable
-# shaped parameters under dynamic shapes (its tiles depend on the sizes). The launch settings are read
-# when the step is compiled.
+# chosen at the first launch); both keep the opaque operators, as do specs with learnable parameters
+# under dynamic shapes (their partial sums made a compiled step recompile for each size on the H200; the
+# tiled backward's tiles depend on the sizes). The launch settings are read when the step is compiled.
 def _traced_plan(key: str, like: torch.Tensor) -> Plan:
     """The plan a traced operator launches with: for dynamic shapes, the plan of the sizes torch.compile
     traced with (block size, flags), its sizes, grid and number of programs made symbolic."""
@@ -639,7 +639,7 @@ traced_backward = torch.ops.flexsn_dsl.traced_backward.default
 def _operators(key: str, like: torch.Tensor) -> tuple:
     """The (forward, backward) operators a compiled step of spec ``key`` calls on inputs like ``like``."""
     if (like.is_cuda and not interpreting() and not launch_settings().autotune
-            and not (_REGISTRY[key].info.learnable_shaped and not all(type(d) is int for d in like.shape))):
+            and (not _REGISTRY[key].info.param_names or all(type(d) is int for d in like.shape))):
         return traced_forward, traced_backward
     return fused_forward, fused_backward
 

@@ -149,7 +149,8 @@ def test_a_compiled_training_step_issues_the_kernels_itself(fresh_dynamo):
 @pytest.mark.parametrize("spec", ["lif", "plif"])
 def test_a_step_compiled_with_dynamic_shapes_issues_the_kernels_itself(spec, fresh_dynamo):
     """With dynamic shapes (sizes symbolic in the compiled code) the traced operators launch over the
-    sizes of each call: two batch sizes, one compiled step, results equal to eager ones."""
+    sizes of each call: two batch sizes, one compiled step, results equal to eager ones. A spec with
+    learnable parameters calls the opaque operators there."""
     from torch._inductor.utils import run_and_get_code
     m = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="triton")
     k = torch.arange(7.0)
@@ -171,7 +172,8 @@ def test_a_step_compiled_with_dynamic_shapes_issues_the_kernels_itself(spec, fre
             if run is compiled and batch == 3:
                 y, codes = run_and_get_code(run, leaf)
                 code = "\n".join(codes)
-                assert f"{spec}_backward_kernel" in code and "fused_forward" not in code
+                traced = f"{spec}_backward_kernel" in code and "fused_forward" not in code
+                assert traced == (spec == "lif")
             elif run is compiled:
                 with torch.compiler.set_stance("fail_on_recompile"):  # (the sizes are symbolic: no recompilation)
                     y = run(leaf)
