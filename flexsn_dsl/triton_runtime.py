@@ -536,8 +536,13 @@ def _fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: li
     learnable scalar parameters' vector (None when none); ``shaped`` and ``layout`` are the shaped
     parameters' values and (inner, size) pairs (:func:`shaped_view`)."""
     with on_device(xs[0]):
-        outs, saved, seqs, finals, _ = _forward(_plan_for(key, xs[0]), xs, inits, params, shaped, layout, training,
-                                                store_seqs)
+        return _forward_results(_plan_for(key, xs[0]), False, store_seqs, xs, inits, params, shaped, layout, training)
+
+
+def _forward_results(plan: Plan, traced: bool, store_seqs: bool, xs, inits, params, shaped, layout,
+                     training: bool) -> list[torch.Tensor]:
+    """:func:`_forward`'s results as the forward operators return them (see :func:`_fused_forward`)."""
+    outs, saved, seqs, finals, _ = _forward(plan, xs, inits, params, shaped, layout, training, store_seqs, traced)
     return [*outs, *saved, *seqs, *finals]
 
 
@@ -561,9 +566,16 @@ def _fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None]
     is given), then each learnable shaped parameter, from the upstream gradients (None where there
     are none)."""
     with on_device(outs[0]):
-        grad_x, grad_init, grad_params, grad_shaped = _backward(
-            _plan_for(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs],
-            outs, params, shaped, layout, init_grads)
+        return _backward_results(_plan_for(key, outs[0]), False, store_seqs, grads, saved, xs, outs, params, shaped,
+                                 layout, init_grads)
+
+
+def _backward_results(plan: Plan, traced: bool, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout,
+                      init_grads: bool) -> list[torch.Tensor]:
+    """:func:`_backward`'s results as the backward operators return them (see :func:`_fused_backward`)."""
+    grad_x, grad_init, grad_params, grad_shaped = _backward(
+        plan, store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs], outs, params, shaped,
+        layout, init_grads, traced)
     return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
             *[g for g in grad_shaped if g is not None]]
 
@@ -615,19 +627,14 @@ def _size_hint(size) -> int:
 def _traced_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
                     params: Optional[torch.Tensor], shaped: list[torch.Tensor], layout: list[int],
                     training: bool) -> list[torch.Tensor]:
-    outs, saved, seqs, finals, _ = _forward(_traced_plan(key, xs[0]), xs, inits, params, shaped, layout, training,
-                                            store_seqs, traced=True)
-    return [*outs, *saved, *seqs, *finals]
+    return _forward_results(_traced_plan(key, xs[0]), True, store_seqs, xs, inits, params, shaped, layout, training)
 
 
 def _traced_backward(key: str, store_seqs: bool, grads: list[Optional[torch.Tensor]], saved: list[torch.Tensor],
                      xs: list[Optional[torch.Tensor]], outs: list[torch.Tensor], params: Optional[torch.Tensor],
                      shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
-    grad_x, grad_init, grad_params, grad_shaped = _backward(
-        _traced_plan(key, outs[0]), store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs],
-        outs, params, shaped, layout, init_grads, traced=True)
-    return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
-            *[g for g in grad_shaped if g is not None]]
+    return _backward_results(_traced_plan(key, outs[0]), True, store_seqs, grads, saved, xs, outs, params, shaped,
+                             layout, init_grads)
 
 
 torch.library.triton_op("flexsn_dsl::traced_forward", _traced_forward, mutates_args=())
