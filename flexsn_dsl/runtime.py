@@ -139,7 +139,7 @@ class FlexSN(nn.Module):
         spec = self._compiled.model
         self._shaped, self._runtime_params = tuple(spec.shaped), tuple(spec.runtime_params)  # (not per call)
         # whether every initial state is a number (else it depends on a runtime parameter)
-        self._constant_init = not any(isinstance(v, torch.Tensor) for v in self._initial_values())
+        self._constant_init = not any(isinstance(v, torch.Tensor) for v in self._initial_values(self._param_values()))
         self._lowered = False  # backend "auto": whether the Triton kernels of this code were built (CUDA inputs)
         if self.backend != "torch":
             try:
@@ -240,9 +240,10 @@ class FlexSN(nn.Module):
                                  f"{list(x.shape)}, step_mode={self.step_mode!r}); each of the parameter's "
                                  "dimensions must be 1 or equal the step's trailing dimension it is aligned with")
 
-    def _initial_values(self) -> tuple:
-        """Each state's initial value: a number, or a tensor where it depends on a runtime parameter."""
-        return self._compiled.torch_namespace["initial_states"](**self._param_values())
+    def _initial_values(self, params: dict[str, torch.Tensor]) -> tuple:
+        """Each state's initial value from the runtime parameters ``params`` (:meth:`_param_values`):
+        a number, or a tensor where it depends on a runtime parameter."""
+        return self._compiled.torch_namespace["initial_states"](**params)
 
     @staticmethod
     def _initial_states(values: tuple, like: torch.Tensor) -> list[torch.Tensor]:
@@ -308,13 +309,14 @@ class FlexSN(nn.Module):
         if self._shaped:
             self._check_shapes(x[0] if single else x, names[0], x.shape[1:])
         backend = self._choose_backend(x)
+        params = self._param_values() if self._runtime_params else {}
         states = self._carried(x) if self.states else []  # (after reset(): none carried)
         if len(states) < len(spec.states):  # not all carried: every state starts from its initial value
             if backend == "triton" and self._constant_init:
                 states = []  # constants: the kernels start from them and read no initial-state tensor
             else:
-                states = self._initial_states(self._initial_values(), x[0] if x.shape[0] else x.new_zeros(x.shape[1:]))
-        params = self._param_values() if self._runtime_params else {}
+                states = self._initial_states(self._initial_values(params),
+                                              x[0] if x.shape[0] else x.new_zeros(x.shape[1:]))
         fed = self._fed_back(x, names[0]) if spec.recurrent else []
         if backend == "torch":
             outputs, finals, seqs, fed = self._run_torch(inputs, states, fed, params)
