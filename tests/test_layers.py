@@ -11,6 +11,7 @@ from torch import nn
 import flexsn_dsl
 
 DTYPE = torch.float64
+LIF = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
 
 
 def test_the_layers_on_every_step_equal_a_loop_over_the_steps():
@@ -56,9 +57,8 @@ def test_one_layer_is_kept_as_it_is_several_in_a_sequential():
 
 
 def _spiking_net() -> nn.Sequential:
-    lif = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
-    net = nn.Sequential(flexsn_dsl.PerStep(nn.Linear(5, 6)), flexsn_dsl.load(lif, backend="torch"),
-                         flexsn_dsl.PerStep(nn.Linear(6, 4)), flexsn_dsl.load(lif, backend="torch")).double()
+    net = nn.Sequential(flexsn_dsl.PerStep(nn.Linear(5, 6)), flexsn_dsl.load(LIF, backend="torch"),
+                         flexsn_dsl.PerStep(nn.Linear(6, 4)), flexsn_dsl.load(LIF, backend="torch")).double()
     with torch.no_grad():  # positive weights: both layers spike
         for layer in (net[0].layer, net[2].layer):
             layer.weight.uniform_(0.1, 0.6)
@@ -79,8 +79,7 @@ def test_reset_net_resets_every_neuron_like_a_fresh_network():
 
 
 def test_reset_net_visits_the_neurons_of_net_modules_once_each():
-    lif = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
-    shared, nested, top = (flexsn_dsl.load(lif, backend="torch") for _ in range(3))
+    shared, nested, top = (flexsn_dsl.load(LIF, backend="torch") for _ in range(3))
     inner = nn.Sequential(nn.Linear(3, 3), nested)
     inner.register_module("missing", None)  # a None submodule, skipped as modules() skips it
     net = nn.Sequential(shared, inner, nn.ModuleList([shared, nn.ReLU()]), top)
