@@ -25,14 +25,15 @@ def main(out: str) -> None:
         return y
 
     x = torch.rand(4, 64, 16, 32, 32, device="cuda")
-    _, codes = run_and_get_code(torch.compile(step), x)
+    compiled = torch.compile(step)
+    _, codes = run_and_get_code(compiled, x)
     text = "\n\n#####\n\n".join(codes)
     with open(out, "w") as f:
         f.write(text)
     for line in text.splitlines():
         if re.search(r"clone|copy_|fused_forward|fused_backward|\.run\(|empty_strided", line):
             print("CODE:", line.strip()[:160])
-    for name, fn in (("eager", step), ("compiled", torch.compile(step))):
+    for name, fn in (("eager", step), ("compiled", compiled)):
         fn(x)
         torch.cuda.synchronize()
         start = time.perf_counter()

@@ -1037,7 +1037,7 @@ class _FxExport:
             raise NIRError(f"{where} takes {len(args)} tensors; NIR nodes take one")
         return self.sources[args[0]]
 
-    def _feature(self, n: torch.fx.Node, where: str) -> tuple[int, ...]:
+    def _node_feature(self, n: torch.fx.Node, where: str) -> tuple[int, ...]:
         return _feature(self.shapes[n], self.steps, where)
 
     def _add_node(self, n: torch.fx.Node, node: Any, srcs: list[str]) -> None:
@@ -1052,13 +1052,13 @@ class _FxExport:
     def _input(self, n: torch.fx.Node, where: str) -> None:
         if self.nodes:
             raise NIRError(f"{where}: to_nir exports modules with one input")
-        self._add_node(n, _nir().Input(input_type=np.array(self._feature(n, where))), [])
+        self._add_node(n, _nir().Input(input_type=np.array(self._node_feature(n, where))), [])
 
     def _output(self, n: torch.fx.Node) -> None:
         out = n.args[0]
         if not isinstance(out, torch.fx.Node):
             raise NIRError("the module must return one tensor")
-        self._add_node(n, _nir().Output(output_type=np.array(self._feature(out, "the output"))), self.sources[out])
+        self._add_node(n, _nir().Output(output_type=np.array(self._node_feature(out, "the output"))), self.sources[out])
 
     def _layer(self, n: torch.fx.Node, where: str) -> None:
         m = self.gm.get_submodule(n.target)
@@ -1068,7 +1068,7 @@ class _FxExport:
         elif isinstance(m, nn.Flatten):
             self._reshape(n, srcs, where)
         else:
-            self._add_node(n, _layer_node(m, self._feature(self._tensors(n)[0], where), self.dt, where), srcs)
+            self._add_node(n, _layer_node(m, self._node_feature(self._tensors(n)[0], where), self.dt, where), srcs)
             if isinstance(m, FlexSN) and m.spec.recurrent:  # its weight on an edge back to itself
                 (name,), rec = self.sources[n], next(iter(m.spec.recurrent.values()))
                 _loop_back(self.nodes, self.edges, name, f"{name}.{rec.weight_name}", getattr(m, rec.weight_name))
@@ -1082,8 +1082,8 @@ class _FxExport:
 
     def _reshape(self, n: torch.fx.Node, srcs: list[str], where: str) -> None:
         """A reshape: nothing where it only folds or unfolds time and batch, else a NIR Flatten."""
-        before = self._feature(next(a for a in n.all_input_nodes if self.shapes[a] is not None), where)
-        after = self._feature(n, where)
+        before = self._node_feature(next(a for a in n.all_input_nodes if self.shapes[a] is not None), where)
+        after = self._node_feature(n, where)
         if before == after:
             self.sources[n] = srcs
             return

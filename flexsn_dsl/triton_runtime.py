@@ -682,14 +682,10 @@ class _CompiledSteps(torch.autograd.Function):
         shaped, saved, xs, outs = tensors[:n_shaped], tensors[n_shaped:k], tensors[k:k + n_x], tensors[k + n_x:]
         result = ctx.backward_op(key, store_seqs, list(grads), saved, xs, outs, param_vec, shaped, list(layout),
                                  n_init > 0)
-        zero = info.zero_grads
-        grad_x = [None if name in zero else g for name, g in zip(info.input_names, result[:n_x])]
-        grad_init = result[n_x:n_x + n_init]
-        scalar_grads = result[n_x + n_init] if n_params else None
-        grad_params = [None if name in zero else scalar_grads[i] for i, name in enumerate(info.scalar_params)]
+        grad_x, grad_init = result[:n_x], result[n_x:n_x + n_init]
+        grad_params = result[n_x + n_init].unbind(0) if n_params else ()
         rest = iter(result[n_x + n_init + (1 if n_params else 0):])  # the learnable shaped parameters' gradients
         grad_shaped = [next(rest) if name in info.param_names else None for name in info.shaped_names]
-        grad_shaped = [None if name in zero else g for name, g in zip(info.shaped_names, grad_shaped)]
         return (None, *grad_x, *grad_init, *grad_params, *grad_shaped)
 
 
@@ -698,6 +694,8 @@ def _fused_steps(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list
     """Outputs, state sequences (if stored), final states; ``params`` holds each learnable scalar parameter
     as a 0-dim tensor (one each, so that each gets its own gradient); see :func:`_fused_forward`. Where no
     gradient is needed, the inference kernels (nothing saved)."""
+    compiled = _REGISTRY[key]
+    xs, params, shaped = _without_zero_grads(compiled, compiled.info, xs, params, shaped)
     if not _needs_grad(xs, inits, params, shaped):
         return _operators(key, xs[0])[0](key, store_seqs, xs, inits, _stack(params), shaped, layout, False)
     call = (key, store_seqs, len(xs), len(inits), len(params), tuple(layout))
@@ -736,6 +734,19 @@ def _scalar(p: torch.Tensor) -> torch.Tensor:
     return p if p.dim() == 0 else p.reshape(())
 
 
+def _without_zero_grads(compiled: Compiled, info, inputs, scalars, shaped) -> tuple[list, list, list]:
+    """The inputs, learnable scalars and shaped parameters' values (:func:`kernel_params`), those that
+    have no gradient (``info.zero_grads``) detached: not in the graph, so no gradient (None), as on
+    the torch backend."""
+    zero = info.zero_grads
+    if not zero:
+        return list(inputs), list(scalars), list(shaped)
+    model = compiled.model
+    names = [n for n in model.learnable if not model.parameters[n].shaped]
+    detach = lambda names, values: [v.detach() if n in zero else v for n, v in zip(names, values)]  # noqa: E731
+    return detach(model.inputs, inputs), detach(names, scalars), detach(model.shaped, shaped)
+
+
 def _needs_grad(*groups: Sequence[torch.Tensor]) -> bool:
     """Whether a call on these tensors builds a graph: grad mode on and one of them requires a gradient."""
     return torch.is_grad_enabled() and any(t.requires_grad for group in groups for t in group)
@@ -758,12 +769,7 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     # (a bad launch setting is an error even for calls that launch nothing: T=0)
     plan = _kernels(compiled, "cuda" if like.is_cuda else like.device.type).plan(like.shape, like.dtype,
                                                                                   launch_settings())
-    zero = plan.info.zero_grads  # not in the graph: no gradient (None), as on the torch backend
-    if zero:
-        inputs = [x.detach() if name in zero else x for name, x in zip(model.inputs, inputs)]
-        scalars = [n for n in model.learnable if not model.parameters[n].shaped]
-        param_list = [p.detach() if name in zero else p for name, p in zip(scalars, param_list)]
-        shaped = [v.detach() if name in zero else v for name, v in zip(model.shaped, shaped)]
+    inputs, param_list, shaped = _without_zero_grads(compiled, plan.info, inputs, param_list, shaped)
     if not _needs_grad(inputs, states, shaped, param_list):
         with on_device(like):
             outs, _, seqs, finals, _ = _forward(plan, inputs, states, _stack(param_list), shaped, layout, False,
