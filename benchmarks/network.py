@@ -11,7 +11,9 @@ Variants: ``relu`` (the same network with ReLU: the cost of everything else), ``
 ``LIFNode``, multi-step, when installed; in ``rshd`` inside ``LinearRecurrentContainer``), ``loop``
 (a hand-written torch loop LIF with the same sigmoid surrogate; ``rshd``: with ``s @ W.T``).
 The recurrent layers are those of ``benchmarks/recurrent_bench.py``.
-Columns: eager float32, ``torch.compile`` of the network float32, eager autocast bfloat16.
+Columns: eager float32, ``torch.compile`` of the network float32, eager autocast bfloat16; on request
+(``--columns``) also ``cudagraphs``: ``torch.compile(mode="reduce-overhead")`` float32, whose CUDA graphs
+take the per-call host cost of the compiled forward and backward off the step.
 
 One training step = forward, cross-entropy on the time-averaged output, backward, SGD step,
 ``zero_grad``, reset of the neurons. Every (variant, column) is timed once per round, the
@@ -43,7 +45,8 @@ from torch_cpu import SigmoidSpike  # the same surrogate as lif.yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("relu", "ours", "sj", "loop")
-COLUMNS = ("eager", "compile", "bf16")
+COLUMNS = ("eager", "compile", "bf16")  # the default columns
+COMPILED = {"compile": "default", "cudagraphs": "reduce-overhead"}  # column -> torch.compile mode
 SHAPES = {  # net -> (T, B) full size, quick size
     "vgg": ((4, 64), (2, 4)),
     "shd": ((100, 256), (5, 8)),
@@ -130,12 +133,14 @@ def make_step(net: str, variant: str, column: str, device: str, quick: bool):
     torch.manual_seed(0)
     model = {"vgg": vgg, "shd": shd, "rshd": rshd}[net](variant, device, quick).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    forward = torch.compile(model) if column == "compile" else model
+    forward = torch.compile(model, mode=COMPILED[column]) if column in COMPILED else model
     autocast = column == "bf16"
     T, B = SHAPES[net][1 if quick else 0]
     x, y = data(net, T, B, device)
 
     def step():
+        if column == "cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=autocast):
             loss = nn.functional.cross_entropy(forward(x).float().mean(0), y)
         loss.backward()
@@ -211,7 +216,7 @@ def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_
                 key = (net, variant, column)
                 rows[key] = {"net": net, "variant": variant, "column": column, "rounds": []}
                 why = unavailable(variant)
-                if column == "compile" and variant in ("sj", "loop") and not compile_peers:
+                if column in COMPILED and variant in ("sj", "loop") and not compile_peers:
                     why = "compiling the peers takes minutes (--compile-peers runs them)"
                 if why:
                     rows[key]["skipped"] = why
@@ -271,7 +276,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--net", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    p.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS))
+    p.add_argument("--columns", nargs="+", choices=(*COLUMNS, "cudagraphs"), default=list(COLUMNS))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")

@@ -734,13 +734,13 @@ def _scalar(p: torch.Tensor) -> torch.Tensor:
     return p if p.dim() == 0 else p.reshape(())
 
 
-def _without_zero_grads(compiled: Compiled, info, inputs, scalars, shaped) -> tuple[list, list, list]:
+def _without_zero_grads(compiled: Compiled, info, inputs, scalars, shaped) -> tuple:
     """The inputs, learnable scalars and shaped parameters' values (:func:`kernel_params`), those that
     have no gradient (``info.zero_grads``) detached: not in the graph, so no gradient (None), as on
     the torch backend."""
     zero = info.zero_grads
     if not zero:
-        return list(inputs), list(scalars), list(shaped)
+        return inputs, scalars, shaped
     model = compiled.model
     names = [n for n in model.learnable if not model.parameters[n].shaped]
     detach = lambda names, values: [v.detach() if n in zero else v for n, v in zip(names, values)]  # noqa: E731
