@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-call", action="store_true",
                         help="also time the first call (kernel generation + compilation) in a fresh process, "
                              "and the first call with warm caches")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every implementation of a case this many times, in turn, and report the median "
+                             "(the spread in the JSON): a host whose speed drifts then affects all alike (default 1)")
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
     parser.add_argument("--json", metavar="FILE", help="append the results to this JSON file")
     add_spec_options(parser)
@@ -410,6 +413,7 @@ def run_bench(args) -> list[Result]:
                                 except Exception as exc:  # not installed, or fails on this setup
                                     impls.append((label, None, f"unavailable: {type(exc).__name__}: {exc}"[:120]))
                         expected = _runner(reference, xs, mode)() if mode == "inference" else None
+                        timed: list[tuple[Result, Callable]] = []
                         for label, fn, note in impls:
                             r = Result(name, label, mode, dtype_name, T, n, floor_ms=floor_ms, note=note)
                             if fn is not None:
@@ -432,9 +436,12 @@ def run_bench(args) -> list[Result]:
                                             r.note += f" (no CUDA graph: {type(exc).__name__})"
                                     r.peak_mib = _peak(device, fn)
                                     r.host_ms = host_ms(device, fn)
+                                    timed.append((r, fn))
                                 except Exception as exc:
                                     r.note = f"failed: {type(exc).__name__}: {exc}"[:160]
                             results.append(r)
+                        _more_rounds(timed, timer, args.rounds)
+                        for r in results[len(results) - len(impls):]:
                             _print_row(r)
                     if args.first_call and device.type == "cuda" and dtype_name == args.dtype[0]:
                         with tempfile.TemporaryDirectory() as cache:
@@ -448,6 +455,20 @@ def run_bench(args) -> list[Result]:
                         results.append(r)
                         _print_row(r)
     return results
+
+
+def _more_rounds(timed: list[tuple[Result, Callable]], timer: Callable[[Callable], float], rounds: int) -> None:
+    """Time each implementation ``rounds - 1`` more times, in turn; each result's ``ms`` becomes the
+    median over all rounds, the rounds kept in ``extra["ms_rounds"]``."""
+    if rounds < 2:
+        return
+    times = {id(r): [r.ms] for r, _ in timed}
+    for _ in range(rounds - 1):
+        for r, fn in timed:
+            times[id(r)].append(timer(fn))
+    for r, _ in timed:
+        r.extra["ms_rounds"] = times[id(r)]
+        r.ms = statistics.median(times[id(r)])
 
 
 def _print_row(r: Result) -> None:
@@ -509,6 +530,8 @@ def check_arguments(args) -> list:
         for value in values:
             if value < 1:
                 raise UsageError(f"{option} {value}: give whole numbers of at least 1")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds {args.rounds}: give a whole number of at least 1")
     if args.compile_max_T < 0:
         raise UsageError(f"--compile-max-T {args.compile_max_T}: give a whole number of at least 0")
     _device(args.device)

@@ -268,6 +268,7 @@ def _bench_errors(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["-T", "0"], "-T/--steps 0: give whole numbers of at least 1"),
         (["-T", "4", "-2"], "-T/--steps -2: give whole numbers of at least 1"),
         (["--compile-max-T", "-1"], "--compile-max-T -1: give a whole number of at least 0"),
+        (["--rounds", "0"], "--rounds 0: give a whole number of at least 1"),
         (["--json", str(tmp_path / "text.json")], "(invalid JSON at line 1, column 1)"),
         (["--json", str(tmp_path / "binary.json")], "(not UTF-8)"),
         (["--json", str(tmp_path / "object.json")], "holds a JSON object, not the list of runs bench writes"),
@@ -309,6 +310,19 @@ def test_bench_honours_plugins_and_params(tmp_path, capsys):
     rows = json.loads(out.read_text())[-1]["results"]
     assert {r["impl"] for r in rows} == {"flexsn-dsl", "torch loop"}
     assert all(r["max_abs_diff"] == 0.0 for r in rows)
+
+
+def test_bench_rounds_report_the_median_of_alternating_timings(tmp_path):
+    out = tmp_path / "runs.json"
+    assert main(["bench", str(NEURONS / "lif.yaml"), "-T", "2", "-n", "16", "--peers", "torch", "--device", "cpu",
+                 "--rounds", "3", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())[-1]["results"]
+    assert {(r["impl"], r["mode"]) for r in rows} == {(impl, mode) for impl in ("flexsn-dsl", "torch loop")
+                                                      for mode in ("inference", "training")}
+    for r in rows:
+        times = r["extra"]["ms_rounds"]
+        assert len(times) == 3 and all(t > 0 for t in times)
+        assert r["ms"] == sorted(times)[1]
 
 
 # --------------------------------------------------------------------------
