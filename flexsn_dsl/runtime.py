@@ -141,6 +141,7 @@ class FlexSN(nn.Module):
         # whether every initial state is a number (else it depends on a runtime parameter)
         self._constant_init = not any(isinstance(v, torch.Tensor) for v in self._initial_values(self._param_values()))
         self._lowered = False  # backend "auto": whether the Triton kernels of this code were built (CUDA inputs)
+        self._fast = None  # the last inference call's shortcut (triton_runtime.inference_call), or None
         if self.backend != "torch":
             try:
                 triton_runtime()
@@ -173,6 +174,7 @@ class FlexSN(nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         compiled = state.pop("_compiled")
+        state.pop("_fast", None)  # (a closure over launch plans: rebuilt at the next call)
         state["_spec_source"] = (compiled.model.file, compiled.model.text, compiled.values,
                                  [p.name for p in compiled.passes])
         state["states"] = {k: v.detach() for k, v in self.states.items()}
@@ -289,6 +291,14 @@ class FlexSN(nn.Module):
         return "torch"
 
     def forward(self, *inputs: torch.Tensor):
+        # the shortcut of an inference call like the last one, from reset states (checks of its own)
+        if not torch.compiler.is_compiling() and self._fast is not None and len(inputs) == 1 and not self.states \
+                and self.backend != "torch" and self.step_mode == "m" and not self.store_state_seqs:
+            result = self._fast(inputs[0])
+            if result is not None:
+                outputs, finals = result
+                _set(self, "states", dict(zip(self._compiled.model.states, finals)))
+                return outputs[0] if len(outputs) == 1 else tuple(outputs)
         spec = self._compiled.model
         names = spec.inputs
         if len(inputs) != len(names):
@@ -329,6 +339,9 @@ class FlexSN(nn.Module):
         else:
             outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, params,
                                                                 self.store_state_seqs)
+            if not (states or single or self.store_state_seqs or torch.compiler.is_compiling()
+                    or (x.requires_grad and torch.is_grad_enabled())):  # an inference call from reset states
+                _set(self, "_fast", triton_runtime().inference_call(self._compiled, x))  # (None: not such a call)
         carry = dict(zip(spec.states, finals))
         if spec.recurrent:
             carry.update({r.prev_name: f for r, f in zip(spec.recurrent.values(), fed)})

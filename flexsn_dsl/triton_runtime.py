@@ -752,6 +752,37 @@ def _needs_grad(*groups: Sequence[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for group in groups for t in group)
 
 
+def inference_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Tensor], tuple | None] | None:
+    """The inference call :func:`run_triton` makes for a spec with one input, no runtime parameters and
+    constant initial states, from those constants, with less host work per call: ``call(x)`` gives
+    (outputs, final states), or None where ``x`` needs the general path: not the shape, dtype or
+    device of ``like`` (the inputs [T, ...] it was built for), not contiguous, needing a gradient,
+    another current device, other launch settings, or under torch.compile. None where the spec has
+    more than that, or ``like`` no steps or neurons."""
+    model = compiled.model
+    if len(model.inputs) != 1 or model.runtime_params or model.recurrent:
+        return None
+    settings = launch_settings()
+    plan = _kernels(compiled, like.device.type).plan(like.shape, like.dtype, settings)
+    if not plan.info.initial_values or plan.T == 0 or plan.n == 0:
+        return None
+    shape, dtype, device, index = like.shape, like.dtype, like.device, like.get_device()
+    variant, flags = plan.forwards[False, False, True]
+    n_out, n_st, step = plan.n_out, plan.n_st, plan.step_sizes
+    current = torch.cuda.current_device if like.is_cuda else (lambda: index)
+
+    def call(x: torch.Tensor) -> tuple | None:
+        if (x.shape != shape or x.dtype != dtype or x.device != device or not x.is_contiguous()
+                or (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling()
+                or launch_settings() is not settings or current() != index):
+            return None
+        outs = [torch.empty_like(x) for _ in range(n_out)]
+        finals = [x.new_empty(step) for _ in range(n_st)]
+        plan.launch(variant, [x, *[x] * n_st, *outs, *finals], flags)  # (x for the initial states: unread)
+        return outs, finals
+    return call
+
+
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
                params: dict[str, torch.Tensor], store_seqs: bool):
     """Run T steps with the generated kernels; returns (outputs, final states, state sequences).

@@ -182,3 +182,89 @@ def test_a_step_compiled_with_dynamic_shapes_issues_the_kernels_itself(spec, fre
             expected.append([y, leaf.grad, *[p.grad for p in m.parameters()]])
         for a, b in zip(*expected):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# the inference shortcut: a call like the last one, from reset states, skips the general path
+# --------------------------------------------------------------------------
+DEVICE = "cuda" if GPU else "cpu"
+
+
+@pytest.fixture
+def general_calls(monkeypatch):
+    """The number of calls that took the general path (``run_triton``)."""
+    calls = []
+    run = tr.run_triton
+    monkeypatch.setattr(tr, "run_triton", lambda *args: calls.append(1) or run(*args))
+    return calls
+
+
+def _inputs(seed: int, shape=(6, 3, 5)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) * 2).to(DEVICE)
+
+
+@pytest.mark.parametrize("spec", ["lif", "lif_refractory"])  # one output and state; two of each
+def test_inference_shortcut_gives_what_the_torch_backend_does(spec, general_calls):
+    ours = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="triton")
+    reference = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="torch")
+    with torch.no_grad():
+        for seed in range(4):
+            x = _inputs(seed)
+            ours.reset(), reference.reset()
+            got, want = ours(x), reference(x)
+            for a, b in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+                torch.testing.assert_close(a, b)
+            assert ours.states.keys() == reference.states.keys()
+            for name in ours.states:
+                torch.testing.assert_close(ours.states[name], reference.states[name])
+    assert len(general_calls) == 1  # the first call built the shortcut; the other three took it
+
+
+def test_inference_shortcut_steps_aside_for_what_it_does_not_check(general_calls, monkeypatch):
+    ours = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", backend="triton")
+    reference = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", backend="torch")
+    x = _inputs(0)
+    with torch.no_grad():
+        ours(x)
+        torch.testing.assert_close(ours(x), reference(reference(x) * 0 + x))  # states carried: a second call
+    assert len(general_calls) == 2
+    cases = {"another shape": _inputs(1, (6, 3, 4)), "not contiguous": _inputs(2, (6, 5, 3)).transpose(1, 2),
+             "another dtype": _inputs(3).double()}
+    for what, y in cases.items():
+        ours.reset(), reference.reset()
+        with torch.no_grad():
+            torch.testing.assert_close(ours(y), reference(y), msg=what)
+    assert len(general_calls) == 2 + len(cases)
+    ours.reset()
+    y = _inputs(4).requires_grad_()  # a gradient is needed: the general path, with its autograd
+    ours(y).sum().backward()
+    reference.reset()
+    z = y.detach().clone().requires_grad_()
+    reference(z).sum().backward()
+    torch.testing.assert_close(y.grad, z.grad)
+    assert len(general_calls) == 3 + len(cases)
+    ours.reset()
+    with torch.no_grad():
+        ours(_inputs(5))  # (builds the shortcut for these inputs again)
+    monkeypatch.setenv("FLEXSN_DSL_STAGES", "many")  # a bad launch setting is refused on the shortcut too
+    ours.reset()
+    with torch.no_grad(), pytest.raises(ValueError, match="FLEXSN_DSL_STAGES='many'"):
+        ours(_inputs(5))
+    assert len(general_calls) == 4 + len(cases)
+
+
+def test_inference_shortcut_survives_copies_and_moves_and_is_not_built_for_parameters():
+    import copy
+    import pickle
+    m = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", backend="triton")
+    x = _inputs(0)
+    with torch.no_grad():
+        want = m(x)
+        for clone in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+            clone.reset()
+            torch.testing.assert_close(clone(x), want)
+    plif = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton")
+    with torch.no_grad():
+        plif(x)
+    assert plif._fast is None and m._fast is not None
