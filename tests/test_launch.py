@@ -201,7 +201,7 @@ def general_calls(monkeypatch):
 
 def _inputs(seed: int, shape=(6, 3, 5)) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return (torch.rand(shape, generator=g) * 2).to(DEVICE)
+    return (torch.rand(shape, generator=g, device="cpu") * 2).to(DEVICE)
 
 
 @pytest.mark.parametrize("spec", ["lif", "lif_refractory"])  # one output and state; two of each
