@@ -757,10 +757,10 @@ def inference_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Te
     constant initial states, from those constants, with less host work per call: ``call(x)`` gives
     (outputs, final states), or None where ``x`` needs the general path: not the shape, dtype or
     device of ``like`` (the inputs [T, ...] it was built for), not contiguous, needing a gradient,
-    another current device, other launch settings, or under torch.compile. None where the spec has
-    more than that, or ``like`` no steps or neurons."""
+    another current device or other launch settings (the caller never calls it under torch.compile).
+    None where the spec has more than that, or ``like`` no steps or neurons or another layout."""
     model = compiled.model
-    if len(model.inputs) != 1 or model.runtime_params or model.recurrent:
+    if len(model.inputs) != 1 or model.runtime_params or model.recurrent or not like.is_contiguous():
         return None
     settings = launch_settings()
     plan = _kernels(compiled, like.device.type).plan(like.shape, like.dtype, settings)
@@ -773,8 +773,8 @@ def inference_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Te
 
     def call(x: torch.Tensor) -> tuple | None:
         if (x.shape != shape or x.dtype != dtype or x.device != device or not x.is_contiguous()
-                or (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling()
-                or launch_settings() is not settings or current() != index):
+                or (x.requires_grad and torch.is_grad_enabled()) or launch_settings() is not settings
+                or current() != index):
             return None
         outs = [torch.empty_like(x) for _ in range(n_out)]
         finals = [x.new_empty(step) for _ in range(n_st)]
