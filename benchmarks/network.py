@@ -17,9 +17,11 @@ take the per-call host cost of the compiled forward and backward off the step.
 
 One training step = forward, cross-entropy on the time-averaged output, backward, SGD step,
 ``zero_grad``, reset of the neurons. Every (variant, column) is timed once per round, the
-variants alternating, over ``--rounds`` rounds; the table gives the median over rounds of each
-round's ``do_bench`` median (ms) with the spread (min-max), host ms per step (issuing the
-step, no waiting), GPU ms per step (CUDA kernel time from the profiler) and peak MiB.
+variants alternating (in reverse order every other round), over ``--rounds`` rounds; the table gives
+the median over rounds of each round's ``do_bench`` median (ms) with the spread (min-max), host ms per
+step (issuing the step, no waiting), GPU ms per step (CUDA kernel time from the profiler), peak MiB,
+and the cost over ReLU twice: the difference of the medians, and the median of the per-round differences
+(paired: a host whose speed drifts between rounds moves both sides of a pair alike).
 
 Usage: ``python benchmarks/network.py --net vgg shd [--rounds 3] [--json FILE]``;
 ``--device cpu --quick`` runs tiny shapes on the CPU (a smoke test, no GPU numbers).
@@ -226,8 +228,10 @@ def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_
                 except Exception as exc:  # a peer that cannot build: say so in the row
                     rows[key]["skipped"] = f"{type(exc).__name__}: {exc}"
         for r in range(rounds):
-            for column in columns:
-                for variant in variants:
+            # the order flips every round, so that no variant or column always follows the same one
+            order = 1 if r % 2 == 0 else -1
+            for column in columns[::order]:
+                for variant in variants[::order]:
                     key = (net, variant, column)
                     if key not in steps:
                         continue
@@ -255,21 +259,29 @@ def _fmt(v, digits=2) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
+def paired_minus_relu(row: dict, relu: dict) -> float | None:
+    """Median over rounds of (this variant's ms - ReLU's ms) in the same round: the host's drift between
+    rounds, which moves both, cancels."""
+    pairs = [m["ms"] - b["ms"] for m, b in zip(row["rounds"], relu["rounds"])]
+    return statistics.median(pairs) if pairs and len(row["rounds"]) == len(relu["rounds"]) else None
+
+
 def print_table(rows: list[dict], out) -> None:
     print("| net | variant | column | ms (median of rounds) | spread | host ms | GPU ms | peak MiB | "
-          "minus relu ms |", file=out)
-    print("|---|---|---|---|---|---|---|---|---|", file=out)
-    base = {(r["net"], r["column"]): r.get("ms") for r in rows if r["variant"] == "relu"}
+          "minus relu ms | paired minus relu ms |", file=out)
+    print("|---|---|---|---|---|---|---|---|---|---|", file=out)
+    base = {(r["net"], r["column"]): r for r in rows if r["variant"] == "relu" and "ms" in r}
     for r in rows:
         if "ms" not in r:
             print(f"| {r['net']} | {r['variant']} | {r['column']} | skipped: {r.get('skipped', '')} |"
-                  " | | | | |", file=out)
+                  " | | | | | |", file=out)
             continue
         b = base.get((r["net"], r["column"]))
-        over = None if b is None else r["ms"] - b
+        over = None if b is None else r["ms"] - b["ms"]
+        paired = None if b is None else paired_minus_relu(r, b)
         print(f"| {r['net']} | {r['variant']} | {r['column']} | {_fmt(r['ms'])} | "
               f"{_fmt(r['ms_min'])}–{_fmt(r['ms_max'])} | {_fmt(r['host_ms'])} | {_fmt(r['gpu_ms'])} | "
-              f"{_fmt(r['peak_mib'], 0)} | {_fmt(over)} |", file=out)
+              f"{_fmt(r['peak_mib'], 0)} | {_fmt(over)} | {_fmt(paired)} |", file=out)
 
 
 def main(argv=None) -> int:
