@@ -141,7 +141,7 @@ class FlexSN(nn.Module):
         # whether every initial state is a number (else it depends on a runtime parameter)
         self._constant_init = not any(isinstance(v, torch.Tensor) for v in self._initial_values(self._param_values()))
         self._lowered = False  # backend "auto": whether the Triton kernels of this code were built (CUDA inputs)
-        self._fast = None  # the last inference call's shortcut (triton_runtime.inference_call), or None
+        self._fast = None  # the shortcut of calls like the last one (triton_runtime.direct_call), or None
         if self.backend != "torch":
             try:
                 triton_runtime()
@@ -291,7 +291,7 @@ class FlexSN(nn.Module):
         return "torch"
 
     def forward(self, *inputs: torch.Tensor):
-        # the shortcut of an inference call like the last one, from reset states (checks of its own)
+        # the shortcut of a call like the last one (inference or training), from reset states (checks of its own)
         if not torch.compiler.is_compiling() and self._fast is not None and len(inputs) == 1 and not self.states \
                 and self.backend != "torch" and self.step_mode == "m" and not self.store_state_seqs:
             result = self._fast(inputs[0])
@@ -339,9 +339,8 @@ class FlexSN(nn.Module):
         else:
             outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, params,
                                                                 self.store_state_seqs)
-            if not (states or single or self.store_state_seqs or torch.compiler.is_compiling()
-                    or (x.requires_grad and torch.is_grad_enabled())):  # an inference call from reset states
-                _set(self, "_fast", triton_runtime().inference_call(self._compiled, x))  # (None: not such a call)
+            if not (states or single or self.store_state_seqs or torch.compiler.is_compiling()):  # from reset states
+                _set(self, "_fast", triton_runtime().direct_call(self._compiled, x))  # (None: not such a call)
         carry = dict(zip(spec.states, finals))
         if spec.recurrent:
             carry.update({r.prev_name: f for r, f in zip(spec.recurrent.values(), fed)})

@@ -752,30 +752,38 @@ def _needs_grad(*groups: Sequence[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for group in groups for t in group)
 
 
-def inference_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Tensor], tuple | None] | None:
-    """The inference call :func:`run_triton` makes for a spec with one input, no runtime parameters and
-    constant initial states, from those constants, with less host work per call: ``call(x)`` gives
-    (outputs, final states), or None where ``x`` needs the general path: not the shape, dtype or
-    device of ``like`` (the inputs [T, ...] it was built for), not contiguous, needing a gradient,
-    another current device or other launch settings (the caller never calls it under torch.compile).
-    None where the spec has more than that, or ``like`` no steps or neurons or another layout."""
+def direct_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Tensor], tuple | None] | None:
+    """The call :func:`run_triton` makes for a spec with one input, no runtime parameters and constant
+    initial states, from those constants, with less host work per call: ``call(x)`` gives (outputs,
+    final states), or None where ``x`` needs the general path: not the shape, dtype or device of
+    ``like`` (the inputs [T, ...] it was built for), not contiguous, another mode (``like`` decides:
+    training when it needs a gradient, as :func:`run_triton` decides), another current device or other
+    launch settings (the caller never calls it under torch.compile). A training call is the general
+    path's autograd Function with the arguments worked out once; an inference call allocates and
+    launches. None where the spec has more than that, or ``like`` no steps or neurons or another
+    layout, or (training) the input's gradient is known to be zero (the general path detaches it)."""
     model = compiled.model
     if len(model.inputs) != 1 or model.runtime_params or model.recurrent or not like.is_contiguous():
         return None
     settings = launch_settings()
     plan = _kernels(compiled, like.device.type).plan(like.shape, like.dtype, settings)
-    if not plan.info.initial_values or plan.T == 0 or plan.n == 0:
+    training = _needs_grad([like])
+    if not plan.info.initial_values or plan.T == 0 or plan.n == 0 or (training and plan.info.zero_grads):
         return None
     shape, dtype, device, index = like.shape, like.dtype, like.device, like.get_device()
     variant, flags = plan.forwards[False, False, True]
     n_out, n_st, step = plan.n_out, plan.n_st, plan.step_sizes
+    steps = (plan, False, 1, (), 0, 0)  # _TritonSteps' call: no state sequences, one input, no parameters
     current = torch.cuda.current_device if like.is_cuda else (lambda: index)
 
     def call(x: torch.Tensor) -> tuple | None:
         if (x.shape != shape or x.dtype != dtype or x.device != device or not x.is_contiguous()
-                or (x.requires_grad and torch.is_grad_enabled()) or launch_settings() is not settings
-                or current() != index):
+                or (x.requires_grad and torch.is_grad_enabled()) is not training
+                or launch_settings() is not settings or current() != index):
             return None
+        if training:
+            results = _TritonSteps.apply(steps, x)
+            return results[:n_out], results[n_out:]
         outs = [torch.empty_like(x) for _ in range(n_out)]
         finals = [x.new_empty(step) for _ in range(n_st)]
         plan.launch(variant, [x, *[x] * n_st, *outs, *finals], flags)  # (x for the initial states: unread)

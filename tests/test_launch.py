@@ -185,7 +185,7 @@ def test_a_step_compiled_with_dynamic_shapes_issues_the_kernels_itself(spec, fre
 
 
 # --------------------------------------------------------------------------
-# the inference shortcut: a call like the last one, from reset states, skips the general path
+# the shortcut: a call like the last one (inference or training), from reset states, skips the general path
 # --------------------------------------------------------------------------
 DEVICE = "cuda" if GPU else "cpu"
 
@@ -252,6 +252,54 @@ def test_inference_shortcut_steps_aside_for_what_it_does_not_check(general_calls
     with torch.no_grad(), pytest.raises(ValueError, match="FLEXSN_DSL_STAGES='many'"):
         ours(_inputs(5))
     assert len(general_calls) == 4 + len(cases)
+
+
+def _trained(m, x: torch.Tensor) -> list[torch.Tensor]:
+    """A training call from reset states whose loss weighs every output and final state: the outputs,
+    final states and the input's gradient."""
+    m.reset()
+    leaf = x.clone().requires_grad_()
+    ys = m(leaf)
+    ys = list(ys) if isinstance(ys, tuple) else [ys]
+    finals = [m.states[name] for name in m.spec.states]
+    loss = sum(((k + 1) * torch.linspace(-1, 1, t.numel(), device=t.device).reshape(t.shape) * t).sum()
+               for k, t in enumerate(ys + finals))
+    loss.backward()
+    return [*ys, *finals, leaf.grad]
+
+
+@pytest.mark.parametrize("spec", ["lif", "lif_refractory"])
+def test_training_shortcut_gives_the_torch_backends_outputs_states_and_gradients(spec, general_calls):
+    """Four training calls like the first take the shortcut (the general path's autograd Function, its
+    arguments worked out once), gradients through the final states included; an inference call then
+    takes the general path and is right too."""
+    ours = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="triton")
+    reference = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend="torch")
+    for seed in range(4):
+        x = _inputs(seed)
+        for a, b in zip(_trained(ours, x), _trained(reference, x)):
+            torch.testing.assert_close(a, b)
+    assert len(general_calls) == 1
+    ours.reset(), reference.reset()
+    with torch.no_grad():
+        got, want = ours(x), reference(x)
+    torch.testing.assert_close(got, want)
+    assert len(general_calls) == 2  # another mode: the general path (which builds an inference shortcut)
+    for a, b in zip(_trained(ours, x), _trained(reference, x)):
+        torch.testing.assert_close(a, b)
+    assert len(general_calls) == 3
+
+
+def test_training_shortcut_is_not_built_where_the_general_path_detaches_the_input(general_calls):
+    """An input whose gradient is known to be zero is detached by the general path, so the output needs
+    no gradient; the shortcut is not built for such a call, so every call keeps doing that."""
+    spec = "neuron: n\ninputs: [x]\nstates: {v: 0}\nstep:\n  h: v + detach(x)\n  s: spike(h - 1)\n  v: h - s\n" \
+           "outputs: [s]\n"
+    m = flexsn_dsl.loads(spec, backend="triton")
+    for seed in range(3):
+        m.reset()
+        assert not m(_inputs(seed).requires_grad_()).requires_grad
+    assert m._fast is None and len(general_calls) == 3
 
 
 def test_inference_shortcut_survives_copies_and_moves_and_is_not_built_for_parameters():
