@@ -7,7 +7,9 @@ Three networks, each built with every neuron variant, timed side by side in one 
 - ``rshd``: a recurrent SNN on the same input (700 -> 256 recurrent LIF -> 20, T=100, B=256).
 
 Variants: ``relu`` (the same network with ReLU: the cost of everything else), ``ours``
-(flexsn-dsl LIF, ``neurons/lif.yaml``; ``neurons/rlif.yaml`` in ``rshd``), ``sj`` (SpikingJelly
+(flexsn-dsl LIF, ``neurons/lif.yaml``; ``neurons/rlif.yaml`` in ``rshd``), ``floor`` (GPU, eager, not
+``rshd``: the same kernels behind ``flexsn-dsl bench``'s minimal autograd.Function, no checks and no
+states kept: what the cheapest Python wrapper of a fused neuron adds), ``sj`` (SpikingJelly
 ``LIFNode``, multi-step, when installed; in ``rshd`` inside ``LinearRecurrentContainer``), ``loop``
 (a hand-written torch loop LIF with the same sigmoid surrogate; ``rshd``: with ``s @ W.T``).
 The recurrent layers are those of ``benchmarks/recurrent_bench.py``.
@@ -41,12 +43,12 @@ from torch import nn
 
 import flexsn_dsl
 from flexsn_dsl import PerStep
-from flexsn_dsl.bench import _timer
+from flexsn_dsl.bench import _timer, minimal_runner
 from recurrent_bench import recurrent_layer, unavailable  # (benchmarks/ is on sys.path when run)
 from torch_cpu import SigmoidSpike  # the same surrogate as lif.yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("relu", "ours", "sj", "loop")
+VARIANTS = ("relu", "ours", "floor", "sj", "loop")
 COLUMNS = ("eager", "compile", "bf16")  # the default columns
 COMPILED = {"compile": "default", "cudagraphs": "reduce-overhead"}  # column -> torch.compile mode
 SHAPES = {  # net -> (T, B) full size, quick size
@@ -73,12 +75,30 @@ class LoopLIF(nn.Module):
         pass
 
 
+class FloorLIF(nn.Module):
+    """neurons/lif.yaml's kernels behind flexsn_dsl.bench.minimal_runner's bare autograd.Function, made once
+    per input shape and dtype (eager only: its JIT launches are not traceable)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lif = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", backend="triton")
+        self.applies: dict = {}
+
+    def forward(self, x):
+        apply = self.applies.get((x.shape, x.dtype))
+        if apply is None:
+            apply = self.applies[x.shape, x.dtype] = minimal_runner(self.lif, [x], "function")
+        return apply(x.contiguous())[0]
+
+
 def neuron(variant: str, device: str) -> nn.Module:
     if variant == "relu":
         return nn.ReLU()
     if variant == "ours":
         return flexsn_dsl.load(ROOT / "neurons" / "lif.yaml",
                                backend="triton" if device == "cuda" else "torch")
+    if variant == "floor":
+        return FloorLIF()
     if variant == "sj":
         from spikingjelly.activation_based import neuron as sjn, surrogate
         return sjn.LIFNode(tau=2.0, surrogate_function=surrogate.Sigmoid(alpha=4.0), detach_reset=False,
@@ -220,6 +240,8 @@ def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_
                 why = unavailable(variant)
                 if column in COMPILED and variant in ("sj", "loop") and not compile_peers:
                     why = "compiling the peers takes minutes (--compile-peers runs them)"
+                if variant == "floor" and (column in COMPILED or net == "rshd" or device != "cuda"):
+                    why = "the floor runs eager, on a GPU, in the feed-forward nets"
                 if why:
                     rows[key]["skipped"] = why
                     continue

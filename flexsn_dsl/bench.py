@@ -226,7 +226,8 @@ def minimal_runner(module, xs, mode: str, forward_in: Callable | None = None) ->
     """The host floor: the spec's fused kernels launched by a bare autograd.Function (inference:
     a bare launch) with no checks, the launch arguments computed once for these inputs (which
     must be contiguous); a call from reset states; ``forward_in`` as for :func:`_runner`. None for
-    a spec whose kernels take more than inputs (runtime parameters, initial states that are not constants)."""
+    a spec whose kernels take more than inputs (runtime parameters, initial states that are not constants).
+    ``mode`` "function": the Function's ``apply`` itself (inputs to outputs, no final states), for a network."""
     import torch
 
     from . import triton_runtime as tr
@@ -262,6 +263,8 @@ def minimal_runner(module, xs, mode: str, forward_in: Callable | None = None) ->
             backward(*grads, *unused, *unused, *saved, *xs, *outs, *grad_x, *unused, T, n, **kw_backward)
             return tuple(grad_x)
 
+    if mode == "function":
+        return Minimal.apply
     if mode == "inference":
         def run():
             with torch.no_grad():

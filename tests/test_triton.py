@@ -241,6 +241,12 @@ def test_bench_minimal_peer_computes_what_the_torch_backend_does(spec):
     want = torch.autograd.grad(expected, xs, [torch.randn_like(y) for y in expected])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+    ys = minimal_runner(ours, xs, "function")(*xs)  # the Function itself (benchmarks/network.py's floor)
+    for a, b in zip(ys, expected):
+        torch.testing.assert_close(a, b)
+    torch.manual_seed(1)
+    for a, b in zip(torch.autograd.grad(ys, xs, [torch.randn_like(y) for y in ys]), want):
+        torch.testing.assert_close(a, b)
 
 
 def test_bench_runners_run_the_forward_only_inside_forward_in():
