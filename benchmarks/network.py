@@ -225,6 +225,15 @@ def measure(step, device: str) -> dict:
     return {"ms": timer(step), "host_ms": None, "gpu_ms": None, "peak_mib": None}
 
 
+def skip_reason(net: str, variant: str, column: str, device: str, compile_peers: bool) -> str | None:
+    """Why (net, variant, column) is not run here, or None."""
+    if variant == "floor" and (column in COMPILED or net == "rshd" or device != "cuda"):
+        return "the floor runs eager, on a GPU, in the feed-forward nets"
+    if column in COMPILED and variant in ("sj", "loop") and not compile_peers:
+        return "compiling the peers takes minutes (--compile-peers runs them)"
+    return unavailable(variant)
+
+
 def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_peers: bool = False,
         out=sys.stdout) -> list[dict]:
     rows: dict[tuple, dict] = {}
@@ -237,11 +246,7 @@ def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_
             for column in columns:
                 key = (net, variant, column)
                 rows[key] = {"net": net, "variant": variant, "column": column, "rounds": []}
-                why = unavailable(variant)
-                if column in COMPILED and variant in ("sj", "loop") and not compile_peers:
-                    why = "compiling the peers takes minutes (--compile-peers runs them)"
-                if variant == "floor" and (column in COMPILED or net == "rshd" or device != "cuda"):
-                    why = "the floor runs eager, on a GPU, in the feed-forward nets"
+                why = skip_reason(net, variant, column, device, compile_peers)
                 if why:
                     rows[key]["skipped"] = why
                     continue
@@ -273,6 +278,11 @@ def run(nets, variants, columns, rounds: int, device: str, quick: bool, compile_
                 vals = [m[k] for m in row["rounds"] if m[k] is not None]
                 row[k] = statistics.median(vals) if vals else None
         result.append(row)
+    relu = {(r["net"], r["column"]): r for r in result if r["variant"] == "relu" and "ms" in r}
+    for row in result:
+        b = relu.get((row["net"], row["column"]))
+        if "ms" in row and b is not None:
+            row["minus_relu_ms"], row["paired_minus_relu_ms"] = row["ms"] - b["ms"], paired_minus_relu(row, b)
     print_table(result, out)
     return result
 
@@ -292,18 +302,14 @@ def print_table(rows: list[dict], out) -> None:
     print("| net | variant | column | ms (median of rounds) | spread | host ms | GPU ms | peak MiB | "
           "minus relu ms | paired minus relu ms |", file=out)
     print("|---|---|---|---|---|---|---|---|---|---|", file=out)
-    base = {(r["net"], r["column"]): r for r in rows if r["variant"] == "relu" and "ms" in r}
     for r in rows:
         if "ms" not in r:
             print(f"| {r['net']} | {r['variant']} | {r['column']} | skipped: {r.get('skipped', '')} |"
                   " | | | | | |", file=out)
             continue
-        b = base.get((r["net"], r["column"]))
-        over = None if b is None else r["ms"] - b["ms"]
-        paired = None if b is None else paired_minus_relu(r, b)
         print(f"| {r['net']} | {r['variant']} | {r['column']} | {_fmt(r['ms'])} | "
               f"{_fmt(r['ms_min'])}–{_fmt(r['ms_max'])} | {_fmt(r['host_ms'])} | {_fmt(r['gpu_ms'])} | "
-              f"{_fmt(r['peak_mib'], 0)} | {_fmt(over)} | {_fmt(paired)} |", file=out)
+              f"{_fmt(r['peak_mib'], 0)} | {_fmt(r.get('minus_relu_ms'))} | {_fmt(r.get('paired_minus_relu_ms'))} |", file=out)
 
 
 def main(argv=None) -> int:
@@ -325,8 +331,10 @@ def main(argv=None) -> int:
         for net in a.net:
             for variant in a.variants:
                 for column in a.columns:
-                    print(f"== {net} {variant} {column}")
-                    profile_step(make_step(net, variant, column, a.device, a.quick), a.device)
+                    why = skip_reason(net, variant, column, a.device, a.compile_peers)
+                    print(f"== {net} {variant} {column}" + (f": skipped, {why}" if why else ""))
+                    if not why:
+                        profile_step(make_step(net, variant, column, a.device, a.quick), a.device)
         return 0
     rows = run(a.net, a.variants, a.columns, a.rounds, a.device, a.quick, a.compile_peers)
     if a.json:

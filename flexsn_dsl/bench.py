@@ -258,12 +258,15 @@ def minimal_runner(module, xs, mode: str, forward_in: Callable | None = None) ->
             tensors = ctx.saved_tensors
             n_in = len(tensors) - n_out - n_saved
             xs, outs, saved = tensors[:n_in], tensors[n_in:n_in + n_out], tensors[n_in + n_out:]
+            grads = [g if g.is_contiguous() else g.contiguous() for g in grads]  # (as the kernels read them)
             grad_x = [torch.empty_like(x) for x in xs]
             unused = [grad_x[0]] * n_st
             backward(*grads, *unused, *unused, *saved, *xs, *outs, *grad_x, *unused, T, n, **kw_backward)
             return tuple(grad_x)
 
     if mode == "function":
+        if forward_in is not None:
+            raise ValueError("minimal_runner: mode 'function' gives the Function itself; enter forward_in around its call")
         return Minimal.apply
     if mode == "inference":
         def run():

@@ -288,6 +288,16 @@ def test_training_shortcut_gives_the_torch_backends_outputs_states_and_gradients
     for a, b in zip(_trained(ours, x), _trained(reference, x)):
         torch.testing.assert_close(a, b)
     assert len(general_calls) == 3
+    needs_grad = x.clone().requires_grad_()  # an input that needs a gradient, in a mode that computes none
+    for mode in (torch.no_grad, torch.inference_mode):
+        ours.reset(), reference.reset()
+        with mode():
+            got, want = ours(needs_grad), reference(needs_grad)
+        for a, b in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+            assert not a.requires_grad
+            torch.testing.assert_close(a, b)
+    # not the training shortcut: the first took the general path (building the inference shortcut), the second that
+    assert len(general_calls) == 4
 
 
 def test_training_shortcut_is_not_built_where_the_general_path_detaches_the_input(general_calls):
