@@ -500,12 +500,20 @@ def _device(name: str):
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {name!r} is not cuda, cuda:N, cpu or auto")
+    if device.type == "cpu":
+        from . import triton_runtime
+        if not triton_runtime.interpreting():
+            raise UsageError(f"--device {name!r}: our kernels run on CPU tensors only in Triton's interpreter, which "
+                             "is off in this process (a GPU is present): give --device cuda, or run with "
+                             "TRITON_INTERPRET=1")
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not count:
             raise UsageError(f"--device {name!r}: no CUDA GPU is available here; give --device cpu or auto")
-        if device.index is not None and device.index >= count:
-            raise UsageError(f"--device {name!r}: there are {count} GPU(s), cuda:0 to cuda:{count - 1}")
+        try:
+            torch.cuda.get_device_properties(device)  # also where device_count() counts GPUs this process cannot use
+        except Exception:  # noqa: BLE001 (torch raises AssertionError, RuntimeError or AcceleratorError)
+            raise UsageError(f"--device {name!r}: there are {count} GPU(s), cuda:0 to cuda:{count - 1}") from None
     return device
 
 

@@ -6,6 +6,7 @@ Plots need matplotlib (``pip install 'flexsn-dsl[plot]'``).
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,10 +83,17 @@ def spike_output(module: FlexSN) -> str | None:
     return next((name for name, symbol in module.spec.outputs if symbol in spikes), None)
 
 
-def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """An input as ``[T, N]`` (a number is held constant; ``[T]`` is given to every neuron)."""
+def _device(module: FlexSN) -> torch.device:
+    """Where the module's parameters and buffers are (the default device when it has none)."""
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return tensor.device if tensor is not None else torch.get_default_device()
+
+
+def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtype: torch.dtype,
+           device: torch.device) -> torch.Tensor:
+    """An input as ``[T, N]`` on ``device`` (a number is held constant; ``[T]`` is given to every neuron)."""
     tensor = torch.as_tensor(np.asarray(value, dtype=np.float64) if not isinstance(value, torch.Tensor) else value,
-                             dtype=dtype, device="cpu")
+                             dtype=dtype, device=device)
     if tensor.dim() == 0:
         return tensor.expand(steps if steps is not None else DEFAULT_STEPS, neurons or 1).clone()
     if tensor.dim() == 1:
@@ -110,9 +118,13 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     ``{input name: drive}`` (inputs left out get 0); a drive is a number (held for ``steps``
     steps, default 100), or an array of shape ``[T]`` (every neuron) or ``[T, N]``.
     ``neurons`` is N (default: the drive's N, else 1). ``params`` overrides parameter values.
+    It runs, and its traces are, on the CPU for a spec file and on the module's device for a module.
     """
-    module = spec if isinstance(spec, FlexSN) else load(spec, params=params, backend="torch", plugins=plugins,
-                                                         passes=passes)
+    if isinstance(spec, FlexSN):
+        module = spec
+    else:
+        with torch.device("cpu"):
+            module = load(spec, params=params, backend="torch", plugins=plugins, passes=passes)
     if isinstance(spec, FlexSN):
         if params:
             raise ValueError("params= applies to spec files: load the module with params= instead")
@@ -122,12 +134,13 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     for name in drives:
         if name not in names:
             raise ValueError(f"{module.spec.name} has no input {name!r}; its inputs are {names}")
-    given = {name: _drive(value, name, steps, neurons, dtype) for name, value in drives.items()}
+    device = _device(module)
+    given = {name: _drive(value, name, steps, neurons, dtype, device) for name, value in drives.items()}
     shapes = {tuple(t.shape) for t in given.values()}
     if len(shapes) > 1:
         raise ValueError(f"the inputs have different shapes {sorted(shapes)}: give each [T, N] of one shape")
     shape = shapes.pop()
-    xs = {name: given.get(name, torch.zeros(shape, dtype=dtype)) for name in names}
+    xs = {name: given.get(name, torch.zeros(shape, dtype=dtype, device=device)) for name in names}
     saved = module.step_mode, module.store_state_seqs
     module.step_mode, module.store_state_seqs = "m", True
     try:

@@ -1,7 +1,10 @@
 """Test session setup: generated kernels go to a private cache folder; on a GPU machine
 (where Triton's interpreter is off and CPU tensors cannot use the Triton backend) tensors
-are created on the GPU by default."""
+are created on the GPU by default, as a user who calls ``torch.set_default_device("cuda")``
+has them. Every test runs under :func:`_no_leaked_global_state`."""
+import importlib.metadata
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("FLEXSN_DSL_CACHE", tempfile.mkdtemp(prefix="flexsn-dsl-test-cache-"))
@@ -9,10 +12,82 @@ os.environ.setdefault("FLEXSN_DSL_CACHE", tempfile.mkdtemp(prefix="flexsn-dsl-te
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from flexsn_dsl.plugins import ENTRY_POINT_GROUP  # noqa: E402
 from flexsn_dsl.triton_runtime import interpreting  # noqa: E402
 
 if torch.cuda.is_available() and not interpreting():
     torch.set_default_device("cuda")
+
+
+# set by pytest for each test, and by libraries once a process on first use (torch's inductor, Intel's OpenMP)
+LIBRARY_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "KMP_", "_TORCHINDUCTOR")
+INSTALLATION = tuple({sys.prefix, sys.base_prefix})  # sys.path entries inside it are added by libraries (setuptools)
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(LIBRARY_ENVIRONMENT)}
+
+
+def _backend_flags() -> dict[str, object]:
+    return {"cudnn.benchmark": torch.backends.cudnn.benchmark, "cudnn.deterministic": torch.backends.cudnn.deterministic,
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
+
+
+def _set_backend_flags(flags: dict[str, object]) -> None:
+    torch.backends.cudnn.benchmark = flags["cudnn.benchmark"]
+    torch.backends.cudnn.deterministic = flags["cudnn.deterministic"]
+    torch.backends.cudnn.allow_tf32 = flags["cudnn.allow_tf32"]
+    torch.backends.cuda.matmul.allow_tf32 = flags["cuda.matmul.allow_tf32"]
+    torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
+    torch.use_deterministic_algorithms(flags["deterministic_algorithms"])
+
+
+def _global_state() -> dict[str, object]:
+    """What one test must leave as it found it."""
+    return {"default device": torch.get_default_device(), "default dtype": torch.get_default_dtype(),
+            "grad mode": torch.is_grad_enabled(), "torch.backends": _backend_flags(),
+            "environment": _environment(), "working directory": os.getcwd(),
+            "sys.path": [p for p in sys.path if not p.startswith(INSTALLATION)],
+            "plugin entry points": sorted(str(e) for e in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)),
+            "Triton interpreter": interpreting()}
+
+
+def _restore(state: dict[str, object]) -> None:
+    torch.set_default_device(state["default device"])
+    torch.set_default_dtype(state["default dtype"])
+    torch.set_grad_enabled(state["grad mode"])
+    _set_backend_flags(state["torch.backends"])
+    for name in set(_environment()) - set(state["environment"]):
+        del os.environ[name]
+    os.environ.update(state["environment"])
+    os.chdir(state["working directory"])
+    sys.path[:] = [p for p in sys.path if p in state["sys.path"] or p.startswith(INSTALLATION)]
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_global_state():
+    """A test that changes process-wide state (default device or dtype, grad mode, torch.backends
+    flags, environment variables, working directory, sys.path, installed plugins, Triton's
+    interpreter switch) and does not put it back fails here, and the state is restored so that
+    the next test starts clean."""
+    before = _global_state()
+    yield
+    after = _global_state()
+    leaked = [key for key in before if after[key] != before[key]]
+    if leaked:
+        _restore(before)
+        details = "; ".join(_difference(key, before[key], after[key]) for key in leaked)
+        pytest.fail(f"the test leaked global state: {details}", pytrace=False)
+
+
+def _difference(key: str, before: object, after: object) -> str:
+    if isinstance(before, dict) and isinstance(after, dict):
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        return f"{key} ({', '.join(changed)})"
+    return f"{key} ({before!r} -> {after!r})"
 
 
 @pytest.fixture(autouse=True)

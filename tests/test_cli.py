@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flexsn_dsl import triton_runtime
 from flexsn_dsl.cli import KERNEL_CHOICES, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,6 +287,16 @@ def test_bench_refuses_bad_options_in_one_line_before_any_work(tmp_path, capsys)
     assert (tmp_path / "text.json").read_text() == "not json\n"  # a file bench cannot read is left alone
 
 
+def test_bench_refuses_cpu_where_triton_compiles_for_the_gpu(monkeypatch, capsys):
+    """On a GPU machine Triton's interpreter is off: --device cpu cannot run our kernels, and says so."""
+    monkeypatch.setattr(triton_runtime, "interpreting", lambda: False)
+    assert main(["bench", str(NEURONS / "lif.yaml"), "--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("flexsn-dsl bench: error: --device 'cpu': our kernels run on CPU tensors only in "
+                                 "Triton's interpreter, which is off in this process (a GPU is present): give --device "
+                                 "cuda, or run with TRITON_INTERPRET=1\n")
+
+
 def test_bench_refuses_a_bad_option_as_a_process(tmp_path):
     proc = run(tmp_path, "bench", "neurons/lif.yaml", "-n", "-5")
     assert proc.returncode == 2 and proc.stdout == ""
@@ -314,7 +325,7 @@ def test_bench_honours_plugins_and_params(tmp_path, capsys):
 
 def test_bench_rounds_report_the_median_of_alternating_timings(tmp_path):
     out = tmp_path / "runs.json"
-    assert main(["bench", str(NEURONS / "lif.yaml"), "-T", "2", "-n", "16", "--peers", "torch", "--device", "cpu",
+    assert main(["bench", str(NEURONS / "lif.yaml"), "-T", "2", "-n", "16", "--peers", "torch", "--device", "auto",
                  "--rounds", "3", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())[-1]["results"]
     assert {(r["impl"], r["mode"]) for r in rows} == {(impl, mode) for impl in ("flexsn-dsl", "torch loop")

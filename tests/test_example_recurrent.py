@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from flexsn_dsl.triton_runtime import interpreting
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import shd_recurrent  # noqa: E402
 
@@ -16,7 +18,7 @@ def test_quick_training_learns():
     assert last < 0.5 * first and acc > 0.5  # chance: loss ln(4) = 1.39, accuracy 0.25
 
 
-@pytest.mark.parametrize("device", ["cpu"])
+@pytest.mark.parametrize("device", ["cpu" if interpreting() else "cuda"])  # where the Triton backend runs here
 def test_triton_trains_like_torch(device):
     args = ["--quick", "--steps", "3", "--device", device]
     torch_run = shd_recurrent.train(shd_recurrent.parse([*args, "--backend", "torch"]))

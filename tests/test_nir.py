@@ -476,9 +476,9 @@ class _Lambda(torch.nn.Module):
 ])
 def test_export_errors_name_the_operation(make, shapes, message):
     """to_nir refuses what has no NIR node, naming the fx operation (or layer) and what it would take."""
-    with torch.device("cpu"):
+    with torch.device("cpu"):  # the module and its inputs on one device, whatever the default
         module = make().to(DTYPE)
-    xs = [_rand(2, 2, *shape, seed=43) for shape in shapes]
+        xs = [_rand(2, 2, *shape, seed=43) for shape in shapes]
     with pytest.raises(NIRError, match=message):
         to_nir(module, *xs)
 
@@ -629,7 +629,7 @@ def test_an_imported_network_exports_again_after_training(tmp_path):
     net.reset()
     exported = to_nir(net, x)
     assert isinstance(exported.nodes["lif"], nir.LIF) and np.allclose(exported.nodes["lif"].tau, lif.tau)
-    assert np.array_equal(exported.nodes["affine"].weight, net.node("affine").weight.detach().numpy())
+    assert np.array_equal(exported.nodes["affine"].weight, net.node("affine").weight.detach().cpu().numpy())
     nir.write(tmp_path / "trained.nir", exported)
     again = from_nir(tmp_path / "trained.nir", dt=1e-3, backend="torch").to(DTYPE)
     want = net(x)

@@ -64,19 +64,20 @@ def test_simulate_lif_traces_match_a_hand_written_loop():
 
 
 def test_simulate_constant_and_per_step_drives():
-    sim = flexsn_dsl.simulate(IZH, 0.1, steps=150, neurons=3)
-    v, u, s = izhikevich_loop(torch.full((150, 3), 0.1, dtype=torch.float64))
+    sim = flexsn_dsl.simulate(IZH, 0.1, steps=150, neurons=3)  # a spec file runs on the CPU
+    v, u, s = izhikevich_loop(torch.full((150, 3), 0.1, dtype=torch.float64, device="cpu"))
     torch.testing.assert_close(sim.states["v"], v, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(sim.states["u"], u, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(sim.spikes, s)
     assert 0 < int(s[:, 0].sum()) < 150
     ramp = np.linspace(0, 0.5, 60)  # [T]: every neuron gets it
     sim = flexsn_dsl.simulate(IZH, ramp, neurons=2)
-    v, _, _ = izhikevich_loop(torch.as_tensor(ramp)[:, None].expand(60, 2))
+    v, _, _ = izhikevich_loop(torch.as_tensor(ramp, device="cpu")[:, None].expand(60, 2))
     torch.testing.assert_close(sim.states["v"], v, rtol=1e-12, atol=1e-12)
 
 
 def test_simulate_several_inputs_by_name_and_a_loaded_module():
+    """A loaded module runs where it is (the default device: the GPU on a GPU machine)."""
     m = flexsn_dsl.load(ROOT / "neurons" / "modulated_lif.yaml", backend="torch")
     drive = torch.linspace(0, 2, 30, dtype=torch.float64)
     sim = flexsn_dsl.simulate(m, {"x": drive})
@@ -158,7 +159,7 @@ def test_cli_simulate_from_an_array_prints_counts_and_final_states(tmp_path, cap
     rows = list(csv.DictReader((tmp_path / "t.csv").open()))
     assert len(rows) == 30 * 3
     got = np.array([[float(r["v"]) for r in rows if int(r["neuron"]) == n] for n in range(3)]).T
-    np.testing.assert_allclose(got, v.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got, v.cpu().numpy(), rtol=0, atol=1e-12)
     assert (tmp_path / "t.png").read_bytes().startswith(PNG_MAGIC)
 
 
