@@ -237,7 +237,8 @@ def cmd_simulate(args) -> int:
     """Run a spec on a driving input; print spike counts, rates and final states; plot or write CSV."""
     from . import simulation as sim_module
     from .runtime import load
-    module = load(args.spec, params=parse_params(args.param), backend="torch", plugins=args.plugin, passes=args.passes)
+    module = load(args.spec, params=parse_params(args.param), sizes=parse_sizes(args.size), backend="torch",
+                  plugins=args.plugin, passes=args.passes)
     names = module.spec.inputs
     try:
         if args.fi:
@@ -446,7 +447,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw the inputs, each state's trace and the spike raster "
                    "(with --fi: the f-I curve); needs matplotlib")
     p.add_argument("--csv", metavar="FILE", help="write the traces (with --fi: input and rate) as CSV")
-    add_spec_options(p, sizes=False, passes="enable a code-generation pass (repeatable)")
+    add_spec_options(p, passes="enable a code-generation pass (repeatable)")
     p = command("plugins", cmd_plugins, "list plugins, surrogates and code-generation passes, with where each "
                 "came from (exit 1 if a plugin is broken)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")

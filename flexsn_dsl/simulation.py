@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from .errors import MissingDependency
+from .model import SPIKE_OUTPUT
 from .runtime import FlexSN, load
 from .symbolic import Spike
 
@@ -78,9 +80,24 @@ class Simulation:
 
 
 def spike_output(module: FlexSN) -> str | None:
-    """The first output that is bound to ``spike(...)`` in the step, if any."""
-    spikes = {a.symbol for a in module.spec.steps if isinstance(a.expr, Spike)}
-    return next((name for name, symbol in module.spec.outputs if symbol in spikes), None)
+    """The first output bound to ``spike(...)`` in the step (for an ``equations`` spec, the spike
+    output of its ``threshold``), if any."""
+    spec = module.spec
+    if spec.continuous is not None:
+        spikes = {SPIKE_OUTPUT} if spec.continuous.threshold is not None else set()
+    else:
+        spikes = {a.symbol.name for a in spec.steps if isinstance(a.expr, Spike)}
+    return next((name for name, symbol in spec.outputs if symbol.name in spikes), None)
+
+
+def neuron_shape(module: FlexSN) -> tuple[int, ...] | None:
+    """The shape of one step that the module's shaped parameters fix (a recurrent weight [N, N]
+    fixes [N]), or None when any number of neurons fits."""
+    weights = {r.weight_name for r in module.spec.recurrent.values()}
+    shapes = [tuple(tensor.shape[-1:] if name in weights else tensor.shape)
+              for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers())
+              if name in weights or (name in module.spec.parameters and module.spec.parameters[name].shaped)]
+    return tuple(torch.broadcast_shapes(*shapes)) if shapes else None
 
 
 def _device(module: FlexSN) -> torch.device:
@@ -110,25 +127,35 @@ def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtyp
 
 def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive] = 1.0, steps: int | None = None,
              params: Mapping[str, float] | None = None, neurons: int | None = None, *,
-             dtype: torch.dtype = torch.float64, plugins: Iterable[str] = (), passes: Iterable[str] = ()) -> Simulation:
+             dtype: torch.dtype = torch.float64, plugins: Iterable[str] = (), passes: Iterable[str] = (),
+             sizes: Mapping[str, int] | None = None) -> Simulation:
     """Run a neuron on a driving input and return its traces.
 
     ``spec`` is a spec file (run on the torch backend in ``dtype``) or a loaded :class:`FlexSN`
     (run as it is, from reset states). ``input`` drives the first input, or is a dict
     ``{input name: drive}`` (inputs left out get 0); a drive is a number (held for ``steps``
     steps, default 100), or an array of shape ``[T]`` (every neuron) or ``[T, N]``.
-    ``neurons`` is N (default: the drive's N, else 1). ``params`` overrides parameter values.
+    ``neurons`` is N (default: the drive's N, else 1). ``params`` overrides parameter values and
+    ``sizes`` gives the sizes named in parameter shapes. A spec whose shaped parameters fix the
+    shape of a step (``tau`` of shape ``[N]``, a recurrent ``[N, N]`` weight, ``w`` of shape
+    ``[C, 1, 1]``) simulates that many neurons, one per element, and its traces are ``[T, N]`` too.
     It runs, and its traces are, on the CPU for a spec file and on the module's device for a module.
     """
     if isinstance(spec, FlexSN):
+        if params or sizes:
+            raise ValueError("params= and sizes= apply to spec files: load the module with them instead")
         module = spec
+        dtype = next((p.dtype for p in module.parameters()), dtype)
     else:
         with torch.device("cpu"):
-            module = load(spec, params=params, backend="torch", plugins=plugins, passes=passes)
-    if isinstance(spec, FlexSN):
-        if params:
-            raise ValueError("params= applies to spec files: load the module with params= instead")
-        dtype = next((p.dtype for p in module.parameters()), dtype)
+            module = load(spec, params=params, sizes=sizes, backend="torch", plugins=plugins, passes=passes)
+    layout = neuron_shape(module)
+    if layout is not None:
+        fixed = math.prod(layout)
+        if neurons is not None and neurons != fixed:
+            raise ValueError(f"{module.spec.name}'s parameters fix {fixed} neurons (a step of shape {list(layout)}), "
+                             f"but neurons={neurons} was asked for: leave neurons out, or change the sizes")
+        neurons = fixed
     names = module.spec.inputs
     drives = dict(input) if isinstance(input, Mapping) else {names[0]: input}
     for name in drives:
@@ -146,13 +173,13 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     try:
         module.reset()
         with torch.no_grad():
-            result = module(*(xs[name] for name in names))
-        states = {k: v.detach() for k, v in module.state_seqs.items()}
+            result = module(*(xs[name].reshape(shape[0], *(layout or shape[1:])) for name in names))
+        states = {k: v.detach().reshape(shape) for k, v in module.state_seqs.items()}
         module.reset()
     finally:
         module.step_mode, module.store_state_seqs = saved
     results = result if isinstance(result, tuple) else (result,)
-    outputs = {name: value.detach() for (name, _), value in zip(module.spec.outputs, results)}
+    outputs = {name: value.detach().reshape(shape) for (name, _), value in zip(module.spec.outputs, results)}
     return Simulation(module.spec.name, xs, states, outputs, spike_output(module))
 
 
