@@ -1,7 +1,7 @@
 """flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels.
 
 The runtime (torch, Triton) is imported on first use of :func:`load`, :func:`loads`,
-:class:`FlexSN`, :func:`reset_net` or the simulation, and torch alone on first use of :class:`PerStep`, so
+:class:`FlexSN`, :func:`reset_net`, the simulation or the :class:`Monitor`, and torch alone on first use of :class:`PerStep` or ``encode``, so
 that checking a spec (``flexsn-dsl check``) needs only the parser and sympy.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from .hookspecs import hookimpl, hookspec
 from .codegen_triton import FlexSNInfo
 
 
-__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "PerStep", "PluginError", "ShapeError", "Simulation",
-           "SourcePos", "SpecError", "detach_net", "from_nir", "hookimpl", "hookspec", "load", "loads",
-           "reset_net", "simulate", "to_nir", "__version__"]
+__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "Monitor", "PerStep", "PluginError", "ShapeError",
+           "Simulation", "SourcePos", "SpecError", "detach_net", "encode", "from_nir", "hookimpl", "hookspec", "load",
+           "loads", "reset_net", "simulate", "summary", "to_nir", "__version__"]
 
 
 def __getattr__(name: str):
@@ -24,6 +24,11 @@ def __getattr__(name: str):
         from . import layers as module
     elif name in ("Simulation", "simulate"):
         from . import simulation as module
+    elif name in ("Monitor", "summary"):
+        from . import monitor as module
+    elif name == "encode":  # the submodule itself
+        import importlib
+        return importlib.import_module(f"{__name__}.encode")
     elif name in ("from_nir", "to_nir"):  # the optional nir package is imported when they are called
         from . import nir as module
     else:

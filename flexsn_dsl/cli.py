@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .console import UsageError, add_spec_options, escaped_output, parse_params, parse_sizes
+from .console import UsageError, add_spec_options, escaped_output, parse_params, parse_sizes, table
 from .errors import MissingDependency, SpecError, SpecWarning
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -95,12 +95,6 @@ def cmd_check(args) -> int:
     return 1 if failed else 0
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
 def cmd_build(args) -> int:
     _warn_plugins(args)
     out = Path(args.out)
@@ -148,7 +142,7 @@ def cmd_build(args) -> int:
                      ",".join(info.output_names), ",".join(info.param_names) or "-",
                      ",".join(n for n in _saved_labels(info)) or "-", str(kernel_path), f"{seconds:.2f}"])
     if rows:
-        print(_table(rows, ["spec", "neuron", "inputs", "states", "outputs", "learnable", "saved/step", "kernels",
+        print(table(rows, ["spec", "neuron", "inputs", "states", "outputs", "learnable", "saved/step", "kernels",
                             "s"]))
     print(f"{len(specs) + len(problems) - failed} built, {failed} failed; output in {out}/", file=sys.stderr)
     return 1 if failed else 0
@@ -247,7 +241,7 @@ def cmd_simulate(args) -> int:
             steps = args.steps or sim_module.DEFAULT_STEPS
             levels, rates = sim_module.fi_curve(module, sim_module.parse_sweep(args.fi), steps=steps)
             print(f"{module.spec.name}: f-I curve over {steps} steps from reset states (input {names[0]})")
-            print(_table([[f"{c:g}", f"{r:.4f}"] for c, r in zip(levels.tolist(), rates.tolist())],
+            print(table([[f"{c:g}", f"{r:.4f}"] for c, r in zip(levels.tolist(), rates.tolist())],
                          [names[0], "rate (spikes/step)"]))
             if args.csv:
                 with open(args.csv, "w", encoding="utf-8") as f:
@@ -293,7 +287,7 @@ def _print_simulation(sim, drives: dict) -> None:
         rows.append(row)
     header = ["neuron"] + (["spikes", "rate"] if sim.spikes is not None else []) + \
         [f"{name} (final)" for name in sim.states]
-    print(_table(rows, header))
+    print(table(rows, header))
     if shown < sim.neurons:
         print(f"... and {sim.neurons - shown} more neurons")
 
@@ -400,7 +394,7 @@ def _print_graph(graph) -> None:
                 lo, hi = float(value.min()), float(value.max())
                 params.append(f"{key}={lo:g}" if lo == hi else f"{key}={lo:g}..{hi:g}")
         rows.append([name, type(node).__name__, str(shapes[0]), str(shapes[1]), " ".join(params)])
-    print(_table(rows, ["node", "kind", "input", "output", "parameters (min..max)"]))
+    print(table(rows, ["node", "kind", "input", "output", "parameters (min..max)"]))
     print("edges: " + ", ".join(f"{a} -> {b}" for a, b in graph.edges))
 
 

@@ -83,3 +83,10 @@ def parse_sizes(items: Sequence[str]) -> dict[str, int]:
             raise SpecError(f"--size {item!r} is not NAME=WHOLE_NUMBER", hint="e.g. --size C=64")
         out[name.strip()] = int(value)
     return out
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Rows as left-aligned text columns under a header and a rule."""
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])

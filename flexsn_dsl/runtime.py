@@ -1,6 +1,7 @@
 """Stage 6: the runtime: an ``nn.Module`` running the generated torch step or Triton kernels."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import warnings
@@ -165,8 +166,23 @@ class FlexSN(nn.Module):
         return self._compiled.info
 
     def extra_repr(self) -> str:
+        parameters = ", ".join(f"{name}={text}" for name, text in self.parameter_texts().items())
         return (f"neuron={self.spec.name!r}, step_mode={self.step_mode!r}, backend={self.backend!r}, "
-                f"surrogate={self.spec.surrogate.name!r}")
+                f"surrogate={self.spec.surrogate.name!r}" + (f"\n{parameters}" if parameters else ""))
+
+    def parameter_texts(self) -> dict[str, str]:
+        """Each parameter (recurrent weights too) as text: a scalar's value, a tensor's shape and the
+        range of its values; `(learnable)` marks those an optimiser trains."""
+        out = {}
+        for name, tensor in itertools.chain(self.named_parameters(recurse=False), self.named_buffers(recurse=False)):
+            values = tensor.detach()
+            if values.dim() == 0:
+                text = f"{float(values):.6g}"
+            else:
+                lo, hi = (float(values.min()), float(values.max())) if values.numel() else (math.nan, math.nan)
+                text = f"{list(values.shape)} " + (f"all {lo:.4g}" if lo == hi else f"in [{lo:.4g}, {hi:.4g}]")
+            out[name] = text + (" (learnable)" if isinstance(tensor, nn.Parameter) else "")
+        return out
 
     # -- pickling / deepcopy: keep the spec, rebuild generated code on demand --
     # (states are copied detached: a copy does not share the autograd graph of the last call,

@@ -208,7 +208,8 @@ def parse_sweep(text: str) -> np.ndarray:
     return np.linspace(lo, hi, k)
 
 
-def _figure(rows: int):
+def figure(rows: int):
+    """A matplotlib Figure for ``rows`` stacked plots (a MissingDependency without matplotlib)."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
@@ -222,7 +223,7 @@ def plot_simulation(sim: Simulation, path: str | os.PathLike) -> None:
     (the first few neurons) and the spike raster."""
     traces = list(sim.inputs.items()) + list(sim.states.items())
     rows = len(traces) + (sim.spikes is not None)
-    fig = _figure(rows)
+    fig = figure(rows)
     axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
     steps = np.arange(sim.steps)
     shown = min(sim.neurons, MAX_TRACED)
@@ -245,7 +246,7 @@ def plot_simulation(sim: Simulation, path: str | os.PathLike) -> None:
 def plot_fi(name: str, currents: torch.Tensor, rates: torch.Tensor, path: str | os.PathLike, input_name: str = "x",
             steps: int | None = None) -> None:
     """The f–I curve: firing rate (spikes per step) against the constant input."""
-    fig = _figure(2)
+    fig = figure(2)
     ax = fig.subplots()
     ax.plot(currents.cpu().numpy(), rates.cpu().numpy(), marker="o")
     ax.set_xlabel(f"constant input {input_name}")
