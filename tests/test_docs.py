@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,6 +187,22 @@ def test_ci_runs_the_readme_test_command():
     commands = [line for line in readme.splitlines() if line.startswith("python -m venv") and "pytest" in line]
     assert len(commands) == 1
     assert commands[0] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_readme_tutorial_trains_visibly(monkeypatch, capsys):
+    """The README's LIF tutorial runs as written: the rate it prints rises to the target and the loss falls
+    tenfold; on the CPU it prints exactly the numbers the README shows."""
+    readme = (ROOT / "README.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "lif.reset()" in b)
+    shown = re.search(r"```text\n(step  0 .*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(ROOT)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    rows = [line.split() for line in printed.splitlines()]
+    rates, losses = [float(r[3]) for r in rows], [float(r[5]) for r in rows]
+    assert len(rows) == 4 and rates[0] < 0.05 and rates[-1] > 0.15 and losses[-1] < losses[0] / 5, printed
+    if torch.get_default_device().type == "cpu":
+        assert printed == shown
 
 
 def test_the_readme_links_resolve():
