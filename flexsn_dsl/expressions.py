@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import sympy
+from sympy.codegen.cfunctions import expm1, log1p
 from sympy.logic.boolalg import ITE
 
 from .errors import SourcePos, SpecError
@@ -112,6 +113,13 @@ DSL_FUNCTIONS: dict[str, Function] = {
     "sin": Function(1, sympy.sin),
     "cos": Function(1, sympy.cos),
     "tanh": Function(1, sympy.tanh),
+    "cosh": Function(1, sympy.cosh),
+    "sinh": Function(1, sympy.sinh),
+    "tan": Function(1, sympy.tan),
+    "atan": Function(1, sympy.atan),
+    "erf": Function(1, sympy.erf),
+    "expm1": Function(1, expm1),
+    "log1p": Function(1, log1p),
     "sigmoid": Function(1, lambda a: 1 / (1 + sympy.exp(-a)) if a.is_number else Sigmoid(a)),
     "relu": Function(1, lambda a: _piecewise((a, a > 0), (0, True))),
     "min": Function(2, lambda a, b: _piecewise((a, a <= b), (b, True))),
@@ -130,11 +138,11 @@ SURROGATE_FUNCTIONS: dict[str, Function] = {
     "Min": Function(2, sympy.Min),
     "Heaviside": Function(1, lambda a: sympy.Heaviside(a, sympy.Rational(1, 2))),
     "sign": Function(1, sympy.sign),
-    "atan": Function(1, sympy.atan),
-    "erf": Function(1, sympy.erf),
-    "cosh": Function(1, sympy.cosh),
-    "sinh": Function(1, sympy.sinh),
 }
+# What users write for a function of the language under another name (other libraries' spellings).
+FUNCTION_SYNONYMS = {"heaviside": "spike", "step": "spike", "arctan": "atan", "ln": "log", "fabs": "abs",
+                     "maximum": "max", "minimum": "min", "clamp": "clip", "logistic": "sigmoid", "exp_m1": "expm1",
+                     "log_1p": "log1p", "arcsin": None, "arccos": None, "asin": None, "acos": None}
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
 _OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "**": operator.pow}
@@ -189,6 +197,17 @@ def closest(name: str, candidates) -> str:
     """' (did you mean X?)' for the closest candidate, or ''."""
     match = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
     return f"did you mean {match[0]!r}?" if match else ""
+
+
+def closest_function(name: str, functions) -> str:
+    """The hint for an unknown function: the function of the same meaning where there is one
+    (``heaviside`` -> ``spike``), else the closest in spelling, else the list."""
+    meaning = FUNCTION_SYNONYMS.get(name.lower(), "")
+    if meaning is None:
+        return f"{name}() is not in the language: functions: {', '.join(sorted(functions))}"
+    if meaning in functions:
+        return f"did you mean {meaning!r}? (the language's name for it)"
+    return closest(name, functions) or f"functions: {', '.join(sorted(functions))}"
 
 
 class ExpressionParser:
@@ -414,9 +433,7 @@ class ExpressionParser:
         name = node.func.id
         function = self.functions.get(name)
         if function is None:
-            hint = closest(name, self.functions)
-            raise self._fail(node.func, f"unknown function {name!r}",
-                             hint or f"functions: {', '.join(sorted(self.functions))}")
+            raise self._fail(node.func, f"unknown function {name!r}", closest_function(name, self.functions))
         if node.keywords:
             raise self._fail(node.keywords[0], f"{name}() takes no keyword arguments", "pass arguments by position")
         starred = next((a for a in node.args if isinstance(a, ast.Starred)), None)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import sympy
+from sympy.codegen.cfunctions import expm1, log1p
 from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
 from .literals import identifier, number
@@ -38,7 +39,8 @@ TORCH = Dialect(
     functions={sympy.exp: "torch.exp({0})", sympy.log: "torch.log({0})", sympy.Abs: "torch.abs({0})",
                sympy.sin: "torch.sin({0})", sympy.cos: "torch.cos({0})", sympy.tanh: "torch.tanh({0})",
                Sigmoid: "torch.sigmoid({0})", sympy.sign: "torch.sign({0})", Reciprocal: "torch.reciprocal({0})", sympy.atan: "torch.atan({0})",
-               sympy.erf: "torch.erf({0})", sympy.cosh: "torch.cosh({0})", sympy.sinh: "torch.sinh({0})"},
+               sympy.erf: "torch.erf({0})", sympy.cosh: "torch.cosh({0})", sympy.sinh: "torch.sinh({0})",
+               sympy.tan: "torch.tan({0})", expm1: "torch.expm1({0})", log1p: "torch.log1p({0})"},
     where="torch.where({0}, {1}, {2})",
     spike="_spike({0})",
     detach="({0}).detach()",
@@ -49,13 +51,15 @@ TRITON = Dialect(
     name="triton",
     functions={sympy.exp: "_exp({0})", sympy.log: "tl.log({0})", sympy.Abs: "tl.abs({0})",
                sympy.sin: "tl.sin({0})", sympy.cos: "tl.cos({0})", sympy.tanh: "(2.0 * tl.sigmoid(2.0 * ({0})) - 1.0)",
-               Sigmoid: "tl.sigmoid({0})", Reciprocal: "_reciprocal({0})", sympy.atan: "libdevice.atan({0})", sympy.erf: "tl.erf({0})",
-               sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (tl.exp({0}) - tl.exp(-({0}))))"},
+               Sigmoid: "tl.sigmoid({0})", Reciprocal: "_reciprocal({0})", sympy.atan: "_atan({0})", sympy.erf: "tl.erf({0})",
+               sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (_expm1({0}) - _expm1(-({0}))))",
+               sympy.tan: "(tl.sin({0}) / tl.cos({0}))", expm1: "_expm1({0})", log1p: "_log1p({0})"},
     where="tl.where({0}, {1}, {2})",
     spike="_heaviside({0})",
     detach="{0}",
     scalar_where=_triton_scalar_where,
-    helpers={sympy.exp: "_exp", Reciprocal: "_reciprocal"},
+    helpers={sympy.exp: "_exp", Reciprocal: "_reciprocal", sympy.atan: "_atan", expm1: "_expm1", log1p: "_log1p",
+             sympy.sinh: "_expm1"},
 )
 
 # Triton helpers for single PTX instructions: float32 in compiled kernels only (the interpreter has no
@@ -84,6 +88,56 @@ def _reciprocal(x):
                                          is_pure=True, pack=1)
     else:
         return 1.0 / x
+''',
+}
+
+# Triton helpers for functions Triton has only in libdevice (which its interpreter lacks): the same
+# code compiled and interpreted, accurate in float32 and float64.
+_FUNCTION_HELPERS = {
+    "_atan": '''@triton.jit
+def _atan(x):
+    """atan(x): |x| > 1 by atan(a) = pi/2 - atan(1/a), then a > tan(pi/12) by atan(a) = pi/6 +
+    atan((sqrt(3) a - 1) / (sqrt(3) + a)), then the odd Taylor series to x ** 27 on |a| <= tan(pi/12)
+    (error below 1e-17)."""
+    a = tl.abs(x)
+    big = a > 1.0
+    a = tl.where(big, 1.0 / tl.where(big, a, 1.0), a)
+    far = a > 0.2679491924311227
+    a = tl.where(far, (1.7320508075688772 * a - 1.0) / (1.7320508075688772 + a), a)
+    z = a * a
+    p = -1.0 / 27.0
+    p = p * z + 1.0 / 25.0
+    p = p * z - 1.0 / 23.0
+    p = p * z + 1.0 / 21.0
+    p = p * z - 1.0 / 19.0
+    p = p * z + 1.0 / 17.0
+    p = p * z - 1.0 / 15.0
+    p = p * z + 1.0 / 13.0
+    p = p * z - 1.0 / 11.0
+    p = p * z + 1.0 / 9.0
+    p = p * z - 1.0 / 7.0
+    p = p * z + 1.0 / 5.0
+    p = p * z - 1.0 / 3.0
+    r = a + a * z * p
+    r = tl.where(far, r + 0.5235987755982989, r)
+    r = tl.where(big, 1.5707963267948966 - r, r)
+    return tl.where(x < 0.0, -r, r)
+''',
+    "_expm1": '''@triton.jit
+def _expm1(x):
+    """exp(x) - 1, accurate near 0 (Kahan: (u - 1) * x / log(u) with u = exp(x))."""
+    u = tl.exp(x)
+    m = u - 1.0
+    r = tl.where(m == -1.0, -1.0, m * x / tl.log(tl.where(m == 0.0, 2.0, u)))
+    return tl.where(m == 0.0, x, tl.where(x > 80.0, u, r))
+''',
+    "_log1p": '''@triton.jit
+def _log1p(x):
+    """log(1 + x), accurate near 0 (Goldberg: log(u) * x / (u - 1) with u = 1 + x; log(u) itself
+    where u - 1 is x exactly, infinite x included)."""
+    u = 1.0 + x
+    d = u - 1.0
+    return tl.where(d == 0.0, x, tl.where(d == x, tl.log(u), tl.log(u) * x / tl.where(d == 0.0, 1.0, d)))
 ''',
 }
 
@@ -153,12 +207,15 @@ class Printer:
 
     def helper_source(self) -> str:
         """The ``@triton.jit`` helpers the text printed so far calls: ``_pow_<n>`` by n, then
-        the general power and its derivatives (each once, in this fixed order)."""
+        the general power and its derivatives, the functions, the instructions (each once, in this
+        fixed order)."""
         squares = sorted(h for h in self.helpers if isinstance(h, int))
         named = [h for h in _POW_HELPERS if h in self.helpers]
         instructions = [h for h in _INSTRUCTION_HELPERS if h in self.helpers]
+        functions = [h for h in _FUNCTION_HELPERS if h in self.helpers]
         return "".join(_squaring_helper(n) + "\n\n" for n in squares) + \
             "".join(_POW_HELPERS[h] + "\n\n" for h in named) + \
+            "".join(_FUNCTION_HELPERS[h] + "\n\n" for h in functions) + \
             (_GPU + "\n\n" if instructions else "") + "".join(_INSTRUCTION_HELPERS[h] + "\n\n" for h in instructions)
 
     def __call__(self, expr) -> str:

@@ -1,0 +1,93 @@
+"""The functions of language v3 (cosh, sinh, tan, atan, erf, expm1, log1p) on both backends against
+torch's own functions: values over their whole range (tiny, huge, infinite arguments), and gradients
+against torch's autograd in float64 (both backends) and finite differences (the derivative sympy
+derives, on the torch backend)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flexsn_dsl
+from flexsn_dsl.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # inf on purpose
+
+WIDE = [0.0, 1e-30, -1e-30, 1e-9, -1e-9, 1e-4, -3e-4, 0.3, -0.7, 1.0, -1.0, 2.5, -4.0, 12.0, -30.0, 1e8, -1e30]
+FUNCTIONS = {  # name -> (torch's function, arguments in its domain)
+    "cosh": (torch.cosh, [x for x in WIDE if abs(x) < 80]),
+    "sinh": (torch.sinh, [x for x in WIDE if abs(x) < 80]),
+    "tan": (torch.tan, [x for x in WIDE if abs(x) < 1.5]),
+    "atan": (torch.atan, WIDE + [math.inf, -math.inf, 0.2679491924311227, 0.27, 0.26]),
+    "erf": (torch.erf, WIDE + [math.inf, -math.inf]),
+    "expm1": (torch.expm1, WIDE + [88.0, 100.0, 750.0, -math.inf, math.inf]),
+    "log1p": (torch.log1p, [x for x in WIDE if x > -1] + [-0.999999, -1.0, 1e300, math.inf]),
+}
+
+
+def spec(name: str) -> str:
+    return f"""\
+neuron: f_{name}
+inputs: [x]
+states:
+  v: 0.0
+step:
+  y: {name}(x)
+  v: 0.5 * v + y
+outputs: [y]
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-14), (torch.float32, 3e-6)])
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_values_match_torch_over_the_whole_range(name, dtype, rtol, backend):
+    fn, args = FUNCTIONS[name]
+    x = torch.tensor(args, dtype=dtype, device="cpu")[None]  # [T=1, N]
+    y = flexsn_dsl.loads(spec(name), backend=backend).to(dtype)(x)
+    want = fn(x)
+    small = want.abs() < 1e-300  # (denormal results: absolute)
+    torch.testing.assert_close(y[~small], want[~small], rtol=rtol, atol=0, equal_nan=True)
+    torch.testing.assert_close(y[small], want[small], rtol=0, atol=1e-300)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_gradients_are_the_exact_derivatives(name, backend):
+    fn, args = FUNCTIONS[name]
+    finite = [a for a in args if math.isfinite(a) and abs(a) < 20 and a > -0.99]
+    x = torch.tensor(finite, dtype=torch.float64, device="cpu").repeat(3, 1).requires_grad_()  # [T=3, N]
+    m = flexsn_dsl.loads(spec(name), backend=backend).double()
+    weights = torch.linspace(0.5, 1.5, x.numel(), dtype=torch.float64, device="cpu").reshape(x.shape)
+    (grad,) = torch.autograd.grad((m(x) * weights).sum(), x)
+    x_ref = x.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad((fn(x_ref) * weights).sum(), x_ref)
+    torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_the_derived_gradient_passes_finite_differences(name):
+    x = torch.tensor([[-0.61, 0.05, 0.4, 1.3]], dtype=torch.float64, device="cpu").repeat(2, 1).requires_grad_()
+    m = flexsn_dsl.loads(spec(name), backend="torch").double()
+
+    def run(t: torch.Tensor) -> torch.Tensor:
+        m.reset()
+        return m(t)
+    assert torch.autograd.gradcheck(run, (x,), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("written, hint", [("heaviside", "did you mean 'spike'? (the language's name for it)"),
+                                           ("arctan", "did you mean 'atan'?"), ("clamp", "did you mean 'clip'?"),
+                                           ("coshh", "did you mean 'cosh'?"),
+                                           ("arcsin", "arcsin() is not in the language: functions: abs, atan")])
+def test_an_unknown_function_points_at_the_one_meant(written, hint, tmp_path, capsys):
+    text = spec("cosh").replace("cosh(x)", f"{written}(x)")
+    with pytest.raises(flexsn_dsl.SpecError) as info:
+        flexsn_dsl.loads(text)
+    assert info.value.message == f"unknown function {written!r}" and info.value.hint.startswith(hint)
+    assert (info.value.line, info.value.col) == (6, 6)
+    (tmp_path / "f.yaml").write_text(text)
+    assert main(["check", str(tmp_path / "f.yaml")]) == 1  # check says the same
+    err = capsys.readouterr().err
+    assert f"f.yaml:6:6: error: unknown function {written!r}" in err and f"hint: {hint}" in err
