@@ -182,6 +182,8 @@ def cmd_show(args) -> int:
                 print(f"  reset {line.name}: {language_text(line.expr)}" + (" (detached)" if c.detach_reset else ""))
             if c.period is not None:
                 print(f"  refractory: period {c.period}, hold {list(c.hold)}")
+            if c.condition is not None:
+                print(f"  refractory: while {language_text(c.condition)} after a spike, hold {list(c.hold)}")
         print("  step:" if c is None else "  derived step (one step of dt):")
         for sym, expr in compiled.ir.assignments:
             print(f"    {sym.name} = {language_text(expr)}")

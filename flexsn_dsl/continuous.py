@@ -12,7 +12,10 @@ length dt, in the order of the language (v2, section 1):
 2. ``s = spike(u)`` of the threshold on the integrated states (0 while refractory);
 3. each reset line ``x: e`` as ``x__next = s * e + (1 - s) * x__int`` on the integrated values;
 4. ``refractory__next``: the steps left, n - 1 after a spike (n = round(period / dt)), counted
-   down by one per step, without gradient.
+   down by one per step, without gradient. With a refractory ``condition`` instead (Brian2's
+   order), ``refractory`` is a flag: first ``refractory__start = where(condition, refractory, 0)``
+   on the states at the start of the step (it ends once the condition fails), which gates steps
+   1–2, and ``refractory__next = 1`` where the neuron spiked, else ``refractory__start``.
 
 A state's integrated value is named ``x__int`` when a reset follows, else it is ``x__next``.
 """
@@ -69,7 +72,12 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
         for symbol, expr in lines:
             emit(symbol, expr, where[real_symbol(symbol.name.split("__")[0])])
 
-    refractory = real_symbol(REFRACTORY_STATE) if c.period is not None else None
+    refractory = real_symbol(REFRACTORY_STATE) if c.refractory else None
+    if c.condition is not None:  # refractory only while it was and the condition still holds (at the step's start)
+        still = real_symbol(f"{REFRACTORY_STATE}__start")
+        emit(still, sympy.Piecewise((refractory, sympy.sympify(c.condition).xreplace(constants)), (0, True)),
+             c.condition_pos)
+        refractory = still
     resting = refractory > REFRACTORY_TEST if refractory is not None else None
     value: dict[sympy.Symbol, sympy.Expr] = {}  # state -> its integrated value
     for x in states:
@@ -89,7 +97,10 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
         x = real_symbol(name)
         e = sympy.sympify(line.expr).xreplace(constants).xreplace(value)
         emit(real_symbol(f"{name}__next"), gate * e + (1 - gate) * value.get(x, x), line.pos)
-    if refractory is not None:
+    if c.condition is not None:  # a spike makes it refractory; otherwise as at the start of the step
+        emit(real_symbol(f"{REFRACTORY_STATE}__next"), sympy.Piecewise((1, Detach(s) > REFRACTORY_TEST),
+                                                                        (refractory, True)), c.condition_pos)
+    elif refractory is not None:
         period = float(sympy.sympify(c.period).xreplace(constants))
         n, warning = refractory_steps(period, float(dt), c.period_pos)
         if warning is not None and warning.message not in {w.message for w in model.warnings}:

@@ -238,7 +238,8 @@ class ExpressionParser:
     def parse(self, text: str, locate: Callable[[int, int], SourcePos], comparison: bool = False) -> sympy.Basic:
         """Parse ``text``; ``locate(line, col)`` maps a place in ``text`` (line 1-based,
         col a 0-based character offset in that line) to the file. With ``comparison``, the
-        whole text may also be one comparison (a sympy relational is returned)."""
+        whole text may also be a condition: comparisons, joined with & and | (a sympy relational
+        or boolean is returned)."""
         self.locate = locate
         self.text = text
         if len(text) > MAX_EXPR_CHARS:
@@ -264,7 +265,8 @@ class ExpressionParser:
         self._check_size(tree.body)
         token = _BUDGET.set(self.budget)
         try:
-            if comparison and isinstance(tree.body, ast.Compare):
+            joined = isinstance(tree.body, ast.BinOp) and isinstance(tree.body.op, (ast.BitAnd, ast.BitOr))
+            if comparison and (isinstance(tree.body, ast.Compare) or joined):
                 expr = self._condition(tree.body)
             else:
                 expr = self._expr(tree.body)

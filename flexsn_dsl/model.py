@@ -144,6 +144,13 @@ class Continuous:
     period: sympy.Expr | None          # refractory period (an expression of parameters); None: none
     period_pos: SourcePos | None
     hold: tuple[str, ...]              # states not integrated while refractory
+    condition: sympy.Basic | None = None  # refractory while this holds after a spike (instead of a period)
+    condition_pos: SourcePos | None = None
+
+    @property
+    def refractory(self) -> bool:
+        """Whether spikes make the neuron refractory (for a period, or while a condition holds)."""
+        return self.period is not None or self.condition is not None
 
     @property
     def lines(self) -> list[Assignment]:
@@ -720,14 +727,15 @@ class _Builder:
                 raise SpecError(f"`detach_reset` must be true or false, not {flag.value!r}", flag.pos,
                                 "write detach_reset: true")
             detach_reset = flag.value
-        period, period_pos, hold = self._refractory(parameters, user_states, reset, threshold is not None)
-        changed = [*equations, *reset] + ([REFRACTORY_STATE] if period is not None else [])
+        (period, period_pos), (condition, condition_pos), hold = self._refractory(parameters, env, user_states, reset,
+                                                                                 threshold is not None)
+        changed = [*equations, *reset] + ([REFRACTORY_STATE] if REFRACTORY_STATE in states else [])
         next_states = {n: real_symbol(f"{n}__next") if n in changed else real_symbol(n) for n in states}
         out_env = {**{n: real_symbol(n) for n in inputs}, **next_states}
         if threshold is not None:
             out_env[SPIKE_OUTPUT] = real_symbol(SPIKE_OUTPUT)
         part = Continuous(equations, method, method_pos, threshold, threshold_pos, reset, detach_reset,
-                          period, period_pos, hold)
+                          period, period_pos, hold, condition, condition_pos)
         return part, next_states, out_env
 
     def _no_spike(self, expr: sympy.Expr, node: Node, what: str) -> None:
@@ -799,21 +807,48 @@ class _Builder:
             out[name] = Assignment(name, real_symbol(f"{name}__reset"), expr, value.pos)
         return out
 
-    def _refractory(self, parameters, user_states, reset, has_threshold):
+    def _refractory(self, parameters, env, user_states, reset, has_threshold):
+        """`refractory`: ((period, where), (condition, where), hold); a period or a condition, not both."""
         node = self._get("refractory")
         if node is None:
-            return None, None, ()
+            return (None, None), (None, None), ()
         if not has_threshold:
             raise SpecError("`refractory` without `threshold`: nothing starts a refractory period",
                             self._key_pos("refractory"), "add `threshold: v >= v_th` (or remove `refractory`)")
         self._expect(node, "mapping", "`refractory`", "refractory: {period: 2.0, hold: [v]}")
+        keys = ("period", "condition", "hold")
         for key in node.value:
-            if key not in ("period", "hold"):
+            if key not in keys:
                 raise SpecError(f"unknown key {key!r} in `refractory`", node.key_pos[key],
-                                closest(key, ("period", "hold")) or "`refractory` takes `period` and `hold`")
+                                closest(key, keys) or "`refractory` takes `period` or `condition`, and `hold`")
+        if "period" in node.value and "condition" in node.value:
+            raise SpecError("`refractory` has both `period` and `condition`", node.key_pos["condition"],
+                            "keep one: `period: 2.0` (a fixed time) or `condition: v > v_th` (while it holds)")
+        hold = self._hold(node, user_states, reset)
+        if "condition" in node.value:
+            return (None, None), self._refractory_condition(node.value["condition"], env, user_states), hold
         if "period" not in node.value:
-            raise SpecError("`refractory` has no `period`", node.pos, "write refractory: {period: 2.0}")
-        period_node = node.value["period"]
+            raise SpecError("`refractory` has no `period` or `condition`", node.pos,
+                            "write refractory: {period: 2.0}, or refractory: {condition: v > v_th}")
+        return self._refractory_period(node.value["period"], parameters), (None, None), hold
+
+    def _refractory_condition(self, node: Node, env, user_states: list[str]) -> tuple[sympy.Basic, SourcePos]:
+        """A comparison (`<`, `<=`, `>`, `>=`), or several joined with `&` / `|`, of the states at the start of a step."""
+        expr = self._expression(node, env, "the refractory condition", comparison=True)
+        comparisons = (sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan, sympy.GreaterThan)
+        parts = [expr]
+        while any(isinstance(p, (sympy.And, sympy.Or)) for p in parts):
+            parts = [a for p in parts for a in (p.args if isinstance(p, (sympy.And, sympy.Or)) else (p,))]
+        if not all(isinstance(p, comparisons) for p in parts):
+            raise SpecError(f"the refractory condition must be a comparison (<, <=, >, >=), or several joined "
+                            f"with & or |, not {expr}", node.pos, "write e.g. condition: v > v_th")
+        self._no_spike(expr, node, "the refractory condition")
+        if not any(real_symbol(n) in expr.free_symbols for n in user_states):
+            raise SpecError(f"the refractory condition {expr} does not depend on a state: it cannot end",
+                            node.pos, "compare a state, e.g. condition: v > v_th")
+        return expr, node.pos
+
+    def _refractory_period(self, period_node: Node, parameters) -> tuple[sympy.Expr, SourcePos]:
         env = {p: real_symbol(p) for p in parameters}
         period = self._expression(period_node, env, "the refractory period", initial=True)
         shaped = sorted(s.name for s in period.free_symbols if parameters[s.name].shaped)
@@ -832,20 +867,23 @@ class _Builder:
         _, warning = refractory_steps(float(number), parameters["dt"].value, period_node.pos)
         if warning is not None:
             self.warnings.append(warning)
-        hold = tuple(reset)
-        if "hold" in node.value:
-            hold_node = node.value["hold"]
-            self._expect(hold_node, "list", "`hold`", "hold: [v]")
-            hold = []
-            for item in hold_node.value:
-                if item.kind != "scalar" or item.value not in user_states:
-                    raise SpecError(f"`hold` lists {item.value!r}, which is not a state", item.pos,
-                                    closest(str(item.value), user_states) or f"states: {', '.join(user_states)}")
-                if item.value in hold:
-                    raise SpecError(f"`hold` lists {item.value!r} twice", item.pos, "list each state once")
-                hold.append(item.value)
-            hold = tuple(hold)
-        return period, period_node.pos, hold
+        return period, period_node.pos
+
+    def _hold(self, node: Node, user_states: list[str], reset) -> tuple[str, ...]:
+        """The states `hold` lists (default: those `reset` sets)."""
+        if "hold" not in node.value:
+            return tuple(reset)
+        hold_node = node.value["hold"]
+        self._expect(hold_node, "list", "`hold`", "hold: [v]")
+        hold: list[str] = []
+        for item in hold_node.value:
+            if item.kind != "scalar" or item.value not in user_states:
+                raise SpecError(f"`hold` lists {item.value!r}, which is not a state", item.pos,
+                                closest(str(item.value), user_states) or f"states: {', '.join(user_states)}")
+            if item.value in hold:
+                raise SpecError(f"`hold` lists {item.value!r} twice", item.pos, "list each state once")
+            hold.append(item.value)
+        return tuple(hold)
 
     def _outputs(self, env, default: list[str]) -> list[tuple[str, sympy.Symbol]]:
         node = self._get("outputs")

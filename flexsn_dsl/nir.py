@@ -696,7 +696,7 @@ def _own_dynamics(m: FlexSN, dt: float | None) -> tuple[Dynamics, str]:
     if len(spec.inputs) != 1:
         raise NIRError(f"{spec.name}: NIR neurons have one input, this spec has {spec.inputs}")
     c = spec.continuous
-    if c is not None and c.period is not None:
+    if c is not None and c.refractory:
         raise NIRError(f"{spec.name}: it has a refractory period, which no NIR neuron has")
     if len(spec.outputs) != 1:
         raise NIRError(f"{spec.name}: NIR neurons have one output, this spec has {[n for n, _ in spec.outputs]} "

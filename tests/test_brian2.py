@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _brian(equations: str, x: np.ndarray, dt: float, method: str, init: dict, record: list[str], *,
-           threshold: str | None = None, reset: str | None = None, refractory: float | None = None,
+           threshold: str | None = None, reset: str | None = None, refractory: float | str | None = None,
            namespace: dict | None = None):
     """Run a NeuronGroup on inputs ``x`` [T, N]; returns (spikes [T, N], {state: [T, N]})."""
     b = brian2
@@ -37,7 +37,8 @@ def _brian(equations: str, x: np.ndarray, dt: float, method: str, init: dict, re
     T, N = x.shape
     I_in = b.TimedArray(x, dt=dt * b.ms)
     group = b.NeuronGroup(N, equations, threshold=threshold, reset=reset, method=method,
-                          refractory=refractory * b.ms if refractory else False,
+                          refractory=(refractory if isinstance(refractory, str) else refractory * b.ms) if refractory
+                          else False,
                           namespace={**(namespace or {}), "I_in": I_in, "ms": b.ms}, dt=dt * b.ms)
     for name, value in init.items():
         setattr(group, name, value)
@@ -165,11 +166,16 @@ I = I_in(t, i) : 1 (constant over dt)
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hodgkin_huxley_exponential_euler(backend):
-    """The zoo's hh: Brian2 writes the removable singularities with exprel."""
-    x = _inputs(120, 3, 0.0, 40.0, 4)
+    """The zoo's hh, refractory while V >= 0 after a spike: one spike per action potential, as Brian2's
+    refractory='V >= 0' (Brian2 writes the removable singularities with exprel)."""
+    x = _inputs(400, 3, 0.0, 40.0, 4)
     ns = dict(C=1.0, g_Na=120.0, g_K=36.0, g_L=0.3, E_Na=50.0, E_K=-77.0, E_L=-54.387)
     init = {"V": -65.0, "m": 0.0529325, "h": 0.5961207, "n": 0.3176769}
     raster, traces = _brian(HH_B2, x, 0.1, "exponential_euler", init, ["V", "m", "h", "n"], threshold="V >= 0",
-                            refractory=2.0, namespace=ns)
+                            refractory="V >= 0", namespace=ns)
+    above = traces["V"] >= 0  # every upward crossing of 0 mV is one spike, and nothing else is
+    crossings = above & ~np.vstack([np.zeros((1, above.shape[1]), bool), above[:-1]])
+    np.testing.assert_array_equal(raster, crossings)
+    assert (above.sum(0) > 2 * raster.sum(0)).all()  # an action potential stays above 0 for several steps
     ours, seqs = _ours((ROOT / "neurons" / "hh.yaml").read_text(), x, backend, ["s", "V"])
     _compare(ours, seqs, raster, traces, ["V", "m", "h", "n"])

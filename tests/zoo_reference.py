@@ -460,10 +460,11 @@ def _step_hh(i, st, p):
     g = p["g_Na"] * m ** 3 * h + p["g_K"] * n ** 4 + p["g_L"]
     e = p["g_Na"] * m ** 3 * h * p["E_Na"] + p["g_K"] * n ** 4 * p["E_K"] + p["g_L"] * p["E_L"] + i["I"]
     V_new = e / g + (V - e / g) * torch.exp(-g / p["C"] * dt)
+    # Brian2's refractory='V >= V_spike': still refractory only while V (at the step's start) stays above
+    r = torch.where(V >= p["V_spike"], r, torch.zeros_like(r))
     active = (r <= 0).to(V.dtype)
     s = spike(V_new - p["V_spike"], "sigmoid", alpha=0.5) * active
-    n_ref = round(p["t_ref"] / dt)
-    r_new = torch.where(r > 0, r - 1, (n_ref - 1) * s.detach())
+    r_new = torch.where(s.detach() > 0, torch.ones_like(r), r)
     return {"s": s, "V": V_new}, {"V": V_new, **gates, "refractory": r_new}
 
 
@@ -663,7 +664,7 @@ _add(Reference(
                                "n": _const(0.3176769), "refractory": _const(0.0)},
     outputs=("s", "V"), spike_outputs=("s",),
     params={"C": 1.0, "g_Na": 120.0, "g_K": 36.0, "g_L": 0.3, "E_Na": 50.0, "E_K": -77.0, "E_L": -54.387,
-            "V_spike": 0.0, "t_ref": 2.0, "dt": 0.1},
+            "V_spike": 0.0, "dt": 0.1},
     learnable=(), surrogate="sigmoid(alpha=0.5)", step=_step_hh,
     input_ranges={"I": (0.0, 300.0)},
 ))
