@@ -23,8 +23,10 @@ def _digest(text: str) -> str:
 
 
 def generated_hashes() -> dict[str, dict[str, str]]:
+    import sympy
+
     from flexsn_dsl.compiler import compile_spec
-    out = {}
+    out = {"sympy": {"version": sympy.__version__}}  # sympy's simplifications shape the printed code
     for path in ZOO:
         compiled = compile_spec(path)
         out[path.stem] = {"triton": _digest(compiled.triton_source), "torch": _digest(compiled.torch_source)}
@@ -33,7 +35,10 @@ def generated_hashes() -> dict[str, dict[str, str]]:
 
 @pytest.mark.parametrize("spec", [p.stem for p in ZOO])
 def test_generated_code_is_as_stored(spec):
+    import sympy
     stored = json.loads(STORED.read_text())
+    if stored["sympy"]["version"] != sympy.__version__:
+        pytest.skip(f"the hashes were stored with sympy {stored['sympy']['version']}, this is sympy {sympy.__version__}")
     assert spec in stored, f"{spec} has no stored hashes: run PYTHONPATH=. python {Path(__file__).name}"
     from flexsn_dsl.compiler import compile_spec
     compiled = compile_spec(ROOT / "neurons" / f"{spec}.yaml")
