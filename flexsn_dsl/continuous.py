@@ -28,7 +28,7 @@ import sympy
 from .errors import SpecError
 from .integrators import METHODS
 from .model import REFRACTORY_STATE, SPIKE_OUTPUT, Assignment, NeuronModel, refractory_steps
-from .propagators import PropagatorError, exact_step, linear_system
+from .propagators import PropagatorError, exact_step
 from .symbolic import Detach, Spike, real_symbol
 
 REFRACTORY_TEST = 0.5  # the counter is a whole number: refractory while it is > 0.5
@@ -59,14 +59,10 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
 
     states = list(f)
     if c.method == "exact":
-        A, b = linear_system(list(f.values()), states)
-        symbols = {real_symbol(n): values[n] for n in model.runtime_params}  # a shaped one: its initial value
         try:
-            integrated = dict(zip(states, exact_step(A, b, states, float(dt), symbols)))
+            integrated = dict(zip(states, exact_step(list(f.values()), states, float(dt))))
         except PropagatorError as exc:
-            raise SpecError(f"cannot derive the exact propagator: {exc}", c.method_pos,
-                            "make the parameters inside the coupling constant (learnable: false, no shape), or "
-                            "choose method: rk4") from None
+            raise SpecError(f"cannot derive the exact propagator: {exc}", c.method_pos, exc.hint) from None
     else:
         lines, integrated = METHODS[c.method](f, dt)
         for symbol, expr in lines:

@@ -10,6 +10,7 @@ from typing import Callable
 
 import sympy
 
+from .propagators import phi1
 from .symbolic import real_symbol
 
 Lines = list[tuple[sympy.Symbol, sympy.Expr]]
@@ -55,8 +56,9 @@ def rk4(f: dict[sympy.Symbol, sympy.Expr], dt) -> tuple[Lines, Integrated]:
 
 
 def exponential_euler(f: dict[sympy.Symbol, sympy.Expr], dt) -> tuple[Lines, Integrated]:
-    """Each state whose derivative is A x + B with A, B free of x (evaluated at the start of the
-    step) gets -B/A + (x + B/A) e^{A dt}; the other states get euler."""
+    """Each state whose derivative f = A x + B has A free of x (evaluated at the start of the
+    step) gets x + dt φ1(A dt) f, which is -B/A + (x + B/A) e^{A dt} and, where A is 0, the Euler
+    step (φ1(z) = (e^z - 1)/z, stable near 0); the other states get euler."""
     lines: Lines = []
     out: Integrated = {}
     for x, fx in f.items():
@@ -69,9 +71,7 @@ def exponential_euler(f: dict[sympy.Symbol, sympy.Expr], dt) -> tuple[Lines, Int
         else:
             a = _name(x, "A")
             lines.append((a, A))
-        ratio = _name(x, "BA")
-        lines.append((ratio, fx.xreplace({x: sympy.S.Zero}) / a))  # B / A, B = f at x = 0
-        out[x] = -ratio + (x + ratio) * sympy.exp(a * dt)
+        out[x] = x + dt * phi1(a * dt) * fx
     return lines, out
 
 

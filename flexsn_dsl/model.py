@@ -718,7 +718,7 @@ class _Builder:
         method, method_pos = self._method(equations)
         threshold, threshold_pos = None, None
         if "threshold" in top:
-            threshold, threshold_pos = self._threshold(top["threshold"], env)
+            threshold, threshold_pos = self._threshold(top["threshold"], env, [*inputs, *recurrent, *user_states])
         reset = self._reset(env, user_states, threshold is not None)
         detach_reset = False
         if "detach_reset" in top:
@@ -771,7 +771,7 @@ class _Builder:
                             "choose method: rk4 (or rk2, euler, exponential_euler), or make the equations linear")
         return node.value, node.pos
 
-    def _threshold(self, node: Node, env) -> tuple[sympy.Expr, SourcePos]:
+    def _threshold(self, node: Node, env, varying: list[str]) -> tuple[sympy.Expr, SourcePos]:
         expr = self._expression(node, env, "`threshold`", comparison=True)
         if isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan)):
             expr = expr.lhs - expr.rhs
@@ -783,6 +783,10 @@ class _Builder:
         self._no_spike(expr, node, "`threshold`")
         if not expr.free_symbols:
             raise SpecError(f"`threshold` is constant ({expr})", node.pos,
+                            "compare a state with its threshold, e.g. v >= v_th")
+        if not {s.name for s in expr.free_symbols} & set(varying):
+            raise SpecError(f"`threshold` depends on no state or input (only on parameters: {expr} >= 0), so it "
+                            "would spike every step or never", node.pos,
                             "compare a state with its threshold, e.g. v >= v_th")
         return expr, node.pos
 

@@ -1,31 +1,51 @@
 """Exact propagators of linear systems dx/dt = A x + b over one step of length dt.
 
 With the inputs held over the step, x(t + dt) = e^{A dt} x(t) + (∫₀^dt e^{A s} ds) b, and both
-matrices are blocks of one exponential: exp([[A, I], [0, 0]] dt) = [[e^{A dt}, ∫₀^dt e^{A s} ds],
-[0, I]]. That form needs no inverse of A, so it stays exact for singular A (a pure integrator),
+matrices are blocks of one exponential: exp([[A, b], [0, 0]] dt) = [[e^{A dt}, ∫₀^dt e^{A s} ds b],
+[0, 1]]. That form needs no inverse of A, so it stays exact for singular A (a pure integrator),
 zero rows, and repeated eigenvalues (two equal time constants), where a formula through the
 eigenvectors divides by zero.
 
+The work is bounded by the size of the system, never by a clock (language.md, "Limits"):
+
 - A of numbers (constant parameters folded): the exponential is computed numerically at 40
   digits (mpmath, scaling and squaring of the Taylor series), so the step is a few numbers
-  times the states and inputs, the same arithmetic as a hand-discretised neuron.
+  times the states and inputs, the same arithmetic as a hand-discretised neuron. At most
+  MAX_NUMERIC_STATES states, and ||A dt|| below 2**MAX_NUMERIC_SCALE_BITS (each bit costs a
+  squaring and two bits of precision).
 - A with symbols (learnable or shaped parameters, or inputs inside it) stays symbolic, so
-  gradients flow and a shaped parameter gives one propagator per element:
-  decoupled states (diagonal A) get the scalar formula, guarded where a rate may be zero;
-  a coupled triangular system up to four states gets sympy's matrix exponential, refused
-  where its formula is singular at the given values; other coupled symbolic systems are refused.
+  gradients flow and a shaped parameter gives one propagator per element. A triangular system
+  (one-way couplings, at most MAX_SYMBOLIC_STATES states) is written out entry by entry:
+  e^{T}[i, j] is the sum over the chains of couplings from j to i of the product of their
+  entries times the divided difference of exp at the rates along the chain (at most
+  MAX_CHAIN_RATES of them, the input's rate 0 included). The divided differences are evaluated
+  stably where rates meet or come close (an input or a learnable parameter can make two rates
+  equal): a series where they are close, the recurrence over the farthest pair elsewhere.
+  No Jordan form, no simplification; other symbolic systems are refused.
 """
 from __future__ import annotations
+
+from itertools import combinations, combinations_with_replacement
+from math import factorial
 
 import mpmath
 import sympy
 
-MAX_SYMBOLIC_STATES = 4   # coupled symbolic systems beyond this are refused (sympy's exponential grows fast)
-PHI1_SERIES_BELOW = 1e-3  # |z| below which (e^z - 1)/z is taken from its series
+MAX_EXACT_STATES = 16        # states of one exact propagator (the numeric one is a (2n)^3 product per squaring)
+MAX_NUMERIC_SCALE_BITS = 40  # ||A dt|| below 2**40 (about 1.1e12): a squaring and two bits of precision per bit
+MAX_SYMBOLIC_STATES = 4      # coupled symbolic systems beyond this are refused
+MAX_CHAIN_RATES = 3          # rates along one chain of couplings (the input's 0 included) in a symbolic one
+CLOSE_RATES_BELOW = 1e-2     # rates (times dt) this close, or a rate this close to 0: from the series
+SERIES_DEGREE = 5            # its last term (the next is below 1e-15 of the sum there)
+DIGITS = 40                  # of the numeric exponential
 
 
 class PropagatorError(ValueError):
-    """A linear system whose symbolic propagator is not derived; the message says why."""
+    """A linear system whose propagator is not derived; the message says why, ``hint`` what to change."""
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.hint = hint
 
 
 def linear_system(derivatives: list[sympy.Expr], states: list[sympy.Symbol]) -> tuple[sympy.Matrix, sympy.Matrix]:
@@ -36,22 +56,21 @@ def linear_system(derivatives: list[sympy.Expr], states: list[sympy.Symbol]) -> 
     return A, b
 
 
-def exact_step(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: float,
-               values: dict[sympy.Symbol, float] | None = None) -> list[sympy.Expr]:
-    """Each state's value after one step: e^{A dt} x + ∫₀^dt e^{A s} ds · b.
-
-    ``values`` (the current values of the symbols left in A) is used to refuse a symbolic
-    formula that is singular there (e.g. two learnable time constants that start equal; for a shaped
-    parameter, its initial element value).
-    """
+def exact_step(derivatives: list[sympy.Expr], states: list[sympy.Symbol], dt: float) -> list[sympy.Expr]:
+    """Each state's value after one step of dx/dt = ``derivatives`` (affine in ``states``):
+    e^{A dt} x + ∫₀^dt e^{A s} ds · b."""
+    n = len(states)
+    if n > MAX_EXACT_STATES:
+        raise PropagatorError(f"the system has {n} states, and exact propagators are derived for at most "
+                              f"{MAX_EXACT_STATES}", "choose method: rk4 (or exponential_euler), or split the neuron")
+    A, b = linear_system(derivatives, states)
     if not A.free_symbols:
         phi, gamma = _numeric(A, dt)
         x, b = sympy.Matrix(states), sympy.Matrix(b)
         return list(phi * x + gamma * b)
-    n = len(states)
     if all(A[i, j] == 0 for i in range(n) for j in range(n) if i != j):
         return [_scalar(A[i, i], b[i], states[i], dt) for i in range(n)]
-    return _symbolic(A, b, states, dt, values or {})
+    return _symbolic(A, b, states, dt)
 
 
 def _reachable(A: sympy.Matrix) -> list[list[bool]]:
@@ -69,12 +88,19 @@ def _numeric(A: sympy.Matrix, dt: float) -> tuple[sympy.Matrix, sympy.Matrix]:
     """e^{A dt} and ∫₀^dt e^{A s} ds for a matrix of numbers; entries that no chain of
     couplings reaches are exactly zero."""
     n = A.rows
-    with mpmath.workdps(40):
+    scale = max(abs(dt) + sum(abs(float(A[i, j]) * dt) for j in range(n)) for i in range(n))
+    if not scale < 2.0 ** MAX_NUMERIC_SCALE_BITS:  # inf and NaN included
+        raise PropagatorError(f"the rates times dt reach {scale:.3g}, and the numeric exponential is computed "
+                              f"below 2**{MAX_NUMERIC_SCALE_BITS} = {2.0 ** MAX_NUMERIC_SCALE_BITS:.3g} (each "
+                              "doubling costs a squaring and more digits)",
+                              "check the time constants and dt (a rate this fast relaxes within a tiny fraction "
+                              "of the step), or choose method: exponential_euler")
+    with mpmath.workdps(DIGITS):
         big = mpmath.zeros(2 * n, 2 * n)
         for i in range(n):
             big[i, n + i] = mpmath.mpf(dt)
             for j in range(n):
-                big[i, j] = mpmath.mpf(str(sympy.Float(A[i, j], 40))) * mpmath.mpf(dt)
+                big[i, j] = mpmath.mpf(str(sympy.Float(A[i, j], DIGITS))) * mpmath.mpf(dt)
         E = mpmath.expm(big)
         reach = _reachable(A)
         phi = sympy.Matrix(n, n, lambda i, j: _number(E[i, j]) if reach[i][j] else 0)
@@ -88,12 +114,57 @@ def _number(value) -> sympy.Expr:
     return sympy.Integer(int(number)) if number in (0.0, 1.0) else sympy.Float(number)
 
 
+def _safe(z: sympy.Expr) -> sympy.Expr:
+    """``z``, moved by 1 where |z| < CLOSE_RATES_BELOW: a denominator for the branch taken where it is not
+    small (a sum, so sympy keeps 1/safe whole: the other branch gives neither NaN nor a NaN gradient)."""
+    return z + sympy.Piecewise((1, sympy.Abs(z) < CLOSE_RATES_BELOW), (0, True))
+
+
 def phi1(z: sympy.Expr) -> sympy.Expr:
-    """(e^z - 1) / z, continued by 1 at z = 0: the series below PHI1_SERIES_BELOW, and the
+    """(e^z - 1) / z, continued by 1 at z = 0: the series below CLOSE_RATES_BELOW, and the
     formula evaluated at a safe point there (so neither branch gives NaN, nor its gradient)."""
-    small = sympy.Abs(z) < PHI1_SERIES_BELOW
-    safe = z + sympy.Piecewise((1, small), (0, True))  # a sum: sympy keeps 1/safe whole (no 1/z inside a branch)
-    return sympy.Piecewise((1 + z / 2 + z ** 2 / 6 + z ** 3 / 24, small), ((sympy.exp(safe) - 1) / safe, True))
+    small = sympy.Abs(z) < CLOSE_RATES_BELOW
+    safe = _safe(z)
+    series = sum(z ** m / factorial(m + 1) for m in range(SERIES_DEGREE + 1))
+    return sympy.Piecewise((series, small), ((sympy.exp(safe) - 1) / safe, True))
+
+
+def exp_divided_difference(z: list[sympy.Expr]) -> sympy.Expr:
+    """exp[z_0, ..., z_k], the divided difference of exp (e^{z_0} for one point; for two,
+    (e^{z_0} - e^{z_1}) / (z_0 - z_1), and e^{z_0} where they are equal), stable where points meet:
+    the recurrence divides by the difference of a pair at least CLOSE_RATES_BELOW apart, and where
+    every pair is closer, the series about their mean is taken."""
+    k = len(z) - 1
+    if k == 0:
+        return sympy.exp(z[0])
+    if k == 1:
+        return sympy.exp(z[1]) * phi1(z[0] - z[1])
+    cases = []
+    for i, j in combinations(range(k + 1), 2):
+        d = z[i] - z[j]
+        far = sympy.Abs(d) >= CLOSE_RATES_BELOW
+        if d == 0 or far == sympy.false:
+            continue
+        without_i, without_j = z[:i] + z[i + 1:], z[:j] + z[j + 1:]
+        value = (exp_divided_difference(without_j) - exp_divided_difference(without_i)) / _safe(d)
+        if far == sympy.true:
+            return value
+        cases.append((value, far))
+    return sympy.Piecewise(*cases, (_series(z), True))
+
+
+def _series(z: list[sympy.Expr]) -> sympy.Expr:
+    """exp[z_0, ..., z_k] = e^c sum_m h_m(z - c) / (m + k)! about the mean c, to degree SERIES_DEGREE
+    (h_m: the sum of all monomials of degree m)."""
+    k = len(z) - 1
+    c = sum(z) / (k + 1)
+    w = [zi - c for zi in z]
+    total = sympy.S.Zero
+    for m in range(SERIES_DEGREE + 1):
+        h = sum((sympy.Mul(*[w[i] for i in chosen]) for chosen in combinations_with_replacement(range(k + 1), m)),
+                sympy.S.Zero)
+        total += h / factorial(m + k)
+    return sympy.exp(c) * total
 
 
 def _scalar(a: sympy.Expr, b: sympy.Expr, x: sympy.Symbol, dt: float) -> sympy.Expr:
@@ -108,30 +179,42 @@ def _scalar(a: sympy.Expr, b: sympy.Expr, x: sympy.Symbol, dt: float) -> sympy.E
     return decay * x + (decay - 1) / a * b
 
 
-def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: float,
-              values: dict[sympy.Symbol, float]) -> list[sympy.Expr]:
+def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: float) -> list[sympy.Expr]:
+    """e^{M dt} of the triangular M = [[A, b], [0, 0]], entry by entry: the sum over the chains of
+    couplings p_0 -> ... -> p_r of the product of their entries times exp[rates along the chain]."""
     n = len(states)
-    symbols = sorted({s.name for s in A.free_symbols})
+    symbols = ", ".join(sorted({s.name for s in A.free_symbols}))
     reach = _reachable(A)
-    order = sorted(range(n), key=lambda i: sum(reach[i]))  # fewest influences first: a triangular order
-    P = A.extract(order, order)
-    if any(P[i, j] != 0 for i in range(n) for j in range(n) if i < j) or n > MAX_SYMBOLIC_STATES:
-        raise PropagatorError(f"the coupled system of {n} states has {', '.join(symbols)} inside its matrix A, "
-                              "and its exponential is only derived symbolically for triangular systems (one-way "
-                              f"couplings) of up to {MAX_SYMBOLIC_STATES} states")
-    M = sympy.zeros(n + 1, n + 1)
-    M[:n, :n] = A
-    M[:n, n] = b
-    try:
-        E = (M * dt).exp()
-    except (ValueError, NotImplementedError, sympy.MatrixError) as exc:
-        raise PropagatorError(f"sympy cannot derive e^(A dt) with {', '.join(symbols)} inside A: {exc}") from None
-    result = [sympy.expand_mul(sum(E[i, j] * states[j] for j in range(n)) + E[i, n]) for i in range(n)]
-    at = {s: sympy.Float(v) for s, v in values.items()}
-    for expr in result:  # at the current values (states and inputs at an arbitrary 0.5)
-        test = expr.xreplace(at)
-        test = test.xreplace({s: sympy.Float(0.5) for s in test.free_symbols})
-        if test.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo) or not test.is_finite:
-            raise PropagatorError(f"the symbolic propagator is singular at the current values of "
-                                  f"{', '.join(symbols)} (two equal rates, e.g. equal time constants)")
+    if n > MAX_SYMBOLIC_STATES or any(reach[i][j] and reach[j][i] for i in range(n) for j in range(i)):
+        raise PropagatorError(f"the coupled system of {n} states has {symbols} inside its matrix A, and its "
+                              "exponential is only derived symbolically for triangular systems (one-way "
+                              f"couplings) of up to {MAX_SYMBOLIC_STATES} states",
+                              "make the parameters inside the coupling constant (learnable: false, no shape), "
+                              "or choose method: rk4")
+    names = [x.name for x in states] + ["the input"]
+    rate = [A[i, i] * dt for i in range(n)] + [sympy.S.Zero]  # node n: the held inputs b, rate 0
+    weight = lambda i, j: (A[i, j] if j < n else b[i]) * dt  # noqa: E731 - the coupling j -> i
+
+    def chains(end: list[int]) -> list[list[int]]:
+        """Every chain of couplings that ends with ``end`` (a chain is read start to end)."""
+        if len(end) > MAX_CHAIN_RATES:
+            raise PropagatorError(f"the chain of couplings {' -> '.join(names[p] for p in end)} has "
+                                  f"{len(end)} rates, and symbolic propagators are derived for chains of at most "
+                                  f"{MAX_CHAIN_RATES} (the input's included)",
+                                  "make the parameters inside A constant (learnable: false, no shape), or "
+                                  "choose method: rk4")
+        found = [end]
+        for j in range(n + 1) if end[0] < n else ():  # the input has no couplings into it
+            if j != end[0] and weight(end[0], j) != 0:
+                found += chains([j, *end])
+        return found
+
+    result = []
+    for i in range(n):
+        total = sympy.S.Zero
+        for chain in chains([i]):
+            couplings = sympy.Mul(*[weight(q, p) for p, q in zip(chain, chain[1:])])
+            start = states[chain[0]] if chain[0] < n else sympy.S.One
+            total += couplings * exp_divided_difference([rate[p] for p in chain]) * start
+        result.append(total)
     return result

@@ -115,9 +115,10 @@ def differentiable_powers(expr: sympy.Expr) -> sympy.Expr:
 
 
 def plain_powers(expr: sympy.Expr) -> sympy.Expr:
-    """Undo :func:`differentiable_powers`."""
-    mapping = {g: sympy.Pow(*g.args) for g in expr.atoms(GeneralPow)}
-    return expr.xreplace(mapping) if mapping else expr
+    """Undo :func:`differentiable_powers`, nested powers (a tower ``v**v**x``) included."""
+    if not expr.has(GeneralPow):
+        return expr
+    return expr.replace(lambda e: isinstance(e, GeneralPow), lambda e: sympy.Pow(*e.args))
 
 
 def real_symbol(name: str) -> sympy.Symbol:
@@ -137,12 +138,27 @@ def is_linear(expr: sympy.Expr, symbols) -> bool:
 
 
 def nonlinear_term(expr: sympy.Expr, symbols) -> sympy.Expr | None:
-    """A term of the sum ``expr`` that is not affine in ``symbols`` (None when ``expr`` is affine)."""
+    """A term of the sum ``expr`` that is not affine in ``symbols`` (None when ``expr`` is affine).
+
+    The terms are found structurally (a constant factor is distributed over a sum, nothing is
+    expanded), so a power such as ``(v + 1)**100000`` costs its size, not its expansion."""
     symbols = list(symbols)
     if is_linear(expr, symbols):
         return None
-    terms = sympy.Add.make_args(sympy.expand(expr, power_exp=False, power_base=False, log=False))
-    return next((t for t in terms if not is_linear(t, symbols)), expr)
+    return next((t for t in _terms(expr, set(symbols)) if not is_linear(t, symbols)), expr)
+
+
+def _terms(expr: sympy.Expr, symbols: set) -> list[sympy.Expr]:
+    """The additive terms of ``expr``: sums split, and ``c * (a + b)`` with c free of ``symbols``
+    split into ``c * a`` and ``c * b`` (linear in the size of ``expr``)."""
+    if expr.is_Add:
+        return [t for a in expr.args for t in _terms(a, symbols)]
+    if expr.is_Mul:
+        dependent = [f for f in expr.args if f.free_symbols & symbols]
+        if len(dependent) == 1 and dependent[0].is_Add:
+            rest = sympy.Mul(*[f for f in expr.args if f is not dependent[0]])
+            return [rest * t for t in _terms(dependent[0], symbols)]
+    return [expr]
 
 
 class _LanguagePrinter(StrPrinter):

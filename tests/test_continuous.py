@@ -199,12 +199,21 @@ def test_learnable_tau_gradient_is_the_derivative_of_the_closed_form():
     assert abs(m.tau.grad.item() - (-2.0 * math.exp(-t / 3.0) * t / 9.0)) < 1e-12
 
 
-def test_learnable_equal_time_constants_in_a_coupled_system_are_refused():
-    text = CUBA.replace("tau_m: 4.0", "tau_m: {value: 4.0, learnable: true}")
-    with pytest.raises(flexsn_dsl.SpecError) as info:
-        flexsn_dsl.loads(text, backend="torch")
-    assert "singular" in info.value.message and "tau_m" in info.value.message
-    assert info.value.line == 9 and info.value.hint
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_learnable_equal_time_constants_in_a_coupled_system(backend):
+    """tau_m learnable and equal to tau_s (the confluent case): the closed form R i0 (t/tau) e^{-t/tau},
+    and d v / d tau_m there against central differences of the closed form for tau_m != tau_s."""
+    T, tau, R, i0, dt = 12, 4.0, 2.0, 1.5, 0.25
+    m = flexsn_dsl.loads(CUBA.replace("tau_m: 4.0", "tau_m: {value: 4.0, learnable: true}"), backend=backend).to(DTYPE)
+    v, _ = m(torch.zeros(T, 1, dtype=DTYPE))
+    t = torch.arange(1, T + 1, dtype=DTYPE) * dt
+    torch.testing.assert_close(v[:, 0], R * i0 * t / tau * torch.exp(-t / tau), **TIGHT)
+    v[-1, 0].backward()
+
+    def closed(tau_m: float) -> float:
+        return R * i0 * tau / (tau - tau_m) * (math.exp(-T * dt / tau) - math.exp(-T * dt / tau_m))
+    h = 1e-4
+    assert abs(m.tau_m.grad.item() - (closed(tau + h) - closed(tau - h)) / (2 * h)) < 1e-7
 
 
 def test_learnable_rate_in_a_rotating_system_is_refused_with_the_reason():

@@ -44,7 +44,7 @@ RECORDED = {
     "adex_ct": (("x", "v", "w"), ("v__k1", "w__k1", "v__k2", "w__k2", "v__k3", "w__k3", "v__k4", "v__int", "s__u", "s")),
     "izhikevich_ct": (("I", "v", "u"), ("v__k", "u__k", "v__int", "s__u", "s")),
     "hh": (("I", "V", "m", "h", "n", "refractory"),
-           ("V__A", "V__BA", "m__A", "m__BA", "h__A", "h__BA", "n__A", "n__BA", "V__next")),
+           ("V__A", "m__A", "h__A", "n__A", "V__next")),
     "rlif": (("h",), ("s__u", "s")),
 }
 
