@@ -43,8 +43,8 @@ RECORDED = {
     "lif_hetero_ct": (("x", "v"), ("v__int", "s__u", "s")),  # (added with it: the exhaustive search's choice)
     "adex_ct": (("x", "v", "w"), ("v__k1", "w__k1", "v__k2", "w__k2", "v__k3", "w__k3", "v__k4", "v__int", "s__u", "s")),
     "izhikevich_ct": (("I", "v", "u"), ("v__k", "u__k", "v__int", "s__u", "s")),
-    "hh": (("I", "V", "m", "h", "n", "refractory"),
-           ("V__A", "m__A", "h__A", "n__A", "V__next")),
+    "hh": (("I", "V", "m", "h", "n", "refractory__start"),  # (the flag of its refractory condition)
+           ("V__A", "m__A", "h__A", "n__A", "V__next", "s")),
     "rlif": (("h",), ("s__u", "s")),
 }
 
