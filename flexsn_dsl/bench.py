@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .console import UsageError, add_spec_options, parse_params, parse_sizes
+from .console import UsageError, add_spec_options, at_least, parse_params, parse_sizes, refuse_overwriting_inputs
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
@@ -544,10 +544,11 @@ def check_arguments(args) -> list:
         for value in values:
             if value < 1:
                 raise UsageError(f"{option} {value}: give whole numbers of at least 1")
-    if args.rounds < 1:
-        raise UsageError(f"--rounds {args.rounds}: give a whole number of at least 1")
-    if args.compile_max_T < 0:
-        raise UsageError(f"--compile-max-T {args.compile_max_T}: give a whole number of at least 0")
+    at_least("--rounds", args.rounds, 1)
+    at_least("--compile-max-T", args.compile_max_T, 0)
+    for value in args.shape or []:
+        at_least("--shape", value, 1)
+    refuse_overwriting_inputs({"--json": args.json}, [*args.specs, *args.plugin])
     _device(args.device)
     return _earlier_runs(Path(args.json)) if args.json else []
 

@@ -10,7 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .console import UsageError, add_spec_options, escaped_output, parse_params, parse_sizes, table
+from .console import (UsageError, add_spec_options, at_least, escaped_output, parse_params, parse_sizes,
+                      refuse_overwriting_inputs, table)
 from .errors import MissingDependency, SpecError, SpecWarning
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -233,6 +234,10 @@ def cmd_simulate(args) -> int:
     """Run a spec on a driving input; print spike counts, rates and final states; plot or write CSV."""
     from . import simulation as sim_module
     from .runtime import load
+    at_least("--steps", args.steps, 1)
+    at_least("--neurons", args.neurons, 1)
+    arrays = [item.partition("=")[2] or item for item in args.input if item.endswith(".npy")]
+    refuse_overwriting_inputs({"--csv": args.csv, "--plot": args.plot}, [args.spec, *arrays, *args.plugin])
     module = load(args.spec, params=parse_params(args.param), sizes=parse_sizes(args.size), backend="torch",
                   plugins=args.plugin, passes=args.passes)
     names = module.spec.inputs
@@ -336,6 +341,10 @@ def cmd_nir(args) -> int:
     """NIR files: show one, import one as a network (and run it once), export a spec as a NIR graph."""
     from . import nir as nir_module
     try:
+        if args.nir_command == "import":
+            at_least("--steps", args.steps, 0)
+        if args.nir_command == "export":
+            refuse_overwriting_inputs({"-o/--out": args.out}, [args.spec, *args.plugin])
         nir = nir_module._nir()
         if args.nir_command == "export":
             from .runtime import load

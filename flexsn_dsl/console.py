@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import sys
 from typing import Iterator, Sequence, TextIO
@@ -90,3 +91,26 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def at_least(option: str, value: int | None, low: int) -> None:
+    """A UsageError for a whole-number option below ``low`` (None: not given)."""
+    if value is not None and value < low:
+        raise UsageError(f"{option} {value}: give a whole number of at least {low}")
+
+
+def refuse_overwriting_inputs(outputs: dict[str, str | None], inputs: Sequence[str]) -> None:
+    """A UsageError, before any work, for an output option naming a file that the command reads."""
+    for option, out in outputs.items():
+        if not out:
+            continue
+        for source in inputs:
+            if _same_file(out, source):
+                raise UsageError(f"{option} {out!r} is {source!r}, which this command reads: give another file")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): compare where they would be
+        return os.path.realpath(a) == os.path.realpath(b)

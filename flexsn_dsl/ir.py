@@ -18,7 +18,7 @@ import sympy
 from .continuous import discrete_steps
 from .errors import ShapeError, SourcePos, SpecError, SpecTypeError
 from .expressions import closest
-from .model import NeuronModel, fold_values
+from .model import NeuronModel, check_values, fold_values
 from .symbolic import real_symbol
 
 
@@ -117,6 +117,7 @@ def resolve_params(model: NeuronModel, overrides: Mapping[str, float] | None) ->
             values[p.name] = number
     if overrides:
         try:
+            check_values(model, values, set(overrides))
             fold_values(model, values, lambda n: f"{n} = {values[n]:g} (" + (
                 "params=" if n in overrides else f"line {model.parameters[n].pos.line}") + ")")
         except SpecError as exc:

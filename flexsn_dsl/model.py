@@ -42,7 +42,8 @@ MODULE_ATTRIBUTES = frozenset({
     "T_destination", "add_module", "apply", "backend", "bfloat16", "buffers", "call_super_init", "children",
     "compile", "cpu", "cuda", "detach", "double", "dump_patches", "eval", "extra_repr", "float", "forward",
     "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half", "info", "ipu", "load_state_dict",
-    "modules", "mtia", "named_buffers", "named_children", "named_modules", "named_parameters", "parameters",
+    "modules", "mtia", "named_buffers", "named_children", "named_modules", "named_parameters", "parameter_texts",
+    "parameters",
     "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
     "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
     "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
@@ -697,10 +698,10 @@ class _Builder:
             raise SpecError("`dt` cannot have a shape: it is the length of one step, the same for every neuron "
                             "(the kernels advance all neurons together)", dt.pos,
                             "write dt: 0.5 (a number); give per-neuron time constants a shape instead")
-        if dt.learnable or dt.value <= 0:
-            raise SpecError(f"`dt` must be a positive constant, not {dt.value:g}" + (", learnable" if dt.learnable
-                                                                                     else ""),
-                            dt.pos, "write dt: 0.5 (a number of time units, not learnable)")
+        if dt.learnable:
+            raise SpecError(f"`dt` must be a positive constant, not {dt.value:g}, learnable", dt.pos, DT_HINT)
+        if dt_problem(dt.value) is not None:
+            raise SpecError(dt_problem(dt.value), dt.pos, DT_HINT)
         user_states = [n for n in states if n != REFRACTORY_STATE]
         env = {n: real_symbol(n) for n in [*inputs, *recurrent, *parameters, *user_states]}
         equations: dict[str, Assignment] = {}
@@ -865,6 +866,9 @@ class _Builder:
         if not number.is_number or not _finite(number) or float(number) < 0:
             raise SpecError(f"the refractory period is {number}, not a number >= 0", period_node.pos,
                             "write a duration in the unit of dt, e.g. period: 2.0")
+        problem = period_problem(float(number), parameters["dt"].value)
+        if problem is not None:
+            raise SpecError(problem, period_node.pos, "give a period >= 0 of at most that many steps")
         if any(parameters[s.name].learnable for s in period.free_symbols):
             raise SpecError("the refractory period may not use learnable parameters (it is a whole number of "
                             "steps)", period_node.pos, "use constant parameters or a number")
@@ -934,6 +938,54 @@ class _Builder:
                                 hint or f"passes: {known}")
             names.append(item.value)
         return names
+
+
+MAX_REFRACTORY_STEPS = 2 ** 31 - 1  # a refractory period counts whole steps in a float32 counter
+DT_HINT = "write dt: 0.5 (a number of time units, not learnable)"
+
+
+def dt_problem(dt: float) -> str | None:
+    """What is wrong with a value of `dt` (a positive normal float64: 1/dt is finite), or None."""
+    if not math.isfinite(dt) or dt <= 0:
+        return f"`dt` must be a positive constant, not {dt:g}"
+    if dt < sys.float_info.min:
+        return f"`dt` = {dt:g} is below the smallest normal float64 ({sys.float_info.min:.3g}): 1 / dt overflows"
+    return None
+
+
+def period_problem(period: float, dt: float) -> str | None:
+    """What is wrong with a refractory period with this `dt` (a number >= 0 of at most
+    MAX_REFRACTORY_STEPS steps), or None."""
+    if not math.isfinite(period) or period < 0:
+        return f"the refractory period is {period:g}, not a number >= 0"
+    if period / dt > MAX_REFRACTORY_STEPS:
+        return (f"the refractory period {period:g} is {period / dt:g} steps of dt = {dt:g}, more than the "
+                f"{MAX_REFRACTORY_STEPS} a step counter holds")
+    return None
+
+
+def check_values(model: NeuronModel, values: dict[str, float], given: set[str]) -> None:
+    """Refuse parameter values the language forbids beyond finiteness (`dt` a positive normal
+    number; a refractory period >= 0 of at most MAX_REFRACTORY_STEPS steps): the same rules for
+    the spec's own values and every value that replaces one (``params=``, ``--param``,
+    ``load_state_dict``, NIR), named in ``given``; a SpecError at the parameter's line otherwise."""
+    c = model.continuous
+    if c is None:
+        return
+
+    def origin(names: list[str]) -> str:
+        shown = [n for n in names if n in given] or names
+        return ", ".join(f"{n} = {values[n]:g}" for n in shown) + (" as given" if set(shown) & given else "")
+    dt = float(values["dt"])
+    problem = dt_problem(dt)
+    if problem is not None:
+        raise SpecError(f"{problem} ({origin(['dt'])})", model.parameters["dt"].pos, DT_HINT)
+    if c.period is not None:
+        period = sympy.sympify(c.period).xreplace({real_symbol(n): sympy.Float(v) for n, v in values.items()})
+        problem = period_problem(float(period), dt)
+        if problem is not None:
+            raise SpecError(f"{problem} ({origin(sorted({s.name for s in c.period.free_symbols} | {'dt'}))})",
+                            c.period_pos, "give a period >= 0 of at most that many steps")
 
 
 def refractory_steps(period: float, dt: float, pos: SourcePos | None) -> tuple[int, SpecWarning | None]:

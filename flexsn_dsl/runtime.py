@@ -217,9 +217,16 @@ class FlexSN(nn.Module):
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        before = {n: self._buffers[n].clone() for n in self._constants}
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         if any(float(self._buffers[n]) != self._compiled.values[n] for n in self._constants):
-            self.specialize()
+            try:
+                self.specialize()  # the new values pass the spec's checks, or nothing changes
+            except SpecError as exc:
+                for name, value in before.items():
+                    self._buffers[name].copy_(value)
+                raise SpecError(f"load_state_dict: {exc.message}", exc.pos, exc.hint).with_source(
+                    self._compiled.model.text.splitlines()) from None
 
     def specialize(self) -> None:
         """Generate the code again for the constant values now in the buffers (``load_state_dict``
@@ -403,12 +410,21 @@ class FlexSN(nn.Module):
     def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor], fed: list[torch.Tensor],
                    params: dict[str, torch.Tensor]):
         step = self._compiled.torch_namespace["step"]
+        storage = inputs[0].dtype  # 16-bit inputs are computed in float32, as the Triton kernels do
+        compute = torch.float32 if storage in (torch.float16, torch.bfloat16) else storage
+        if not inputs[0].shape[0]:  # T = 0: empty outputs and the states as they were, in the graph as on Triton
+            joined = sum(x.sum() for x in inputs) * 0
+            return ([inputs[0] * 0 for _ in self.spec.outputs], [s + joined.to(s.dtype) for s in states],
+                    [inputs[0] * 0 for _ in self.spec.states] if self.store_state_seqs else [], list(fed))
         # (``params``: the runtime parameters; the shaped ones computed in the inputs' dtype, like the 0-dim scalars)
-        params = {k: v.to(inputs[0].dtype) if k in self._shaped else v for k, v in params.items()}
-        weights = [getattr(self, r.weight_name).to(inputs[0].dtype) for r in self.spec.recurrent.values()]
+        params = {k: v.to(compute) if k in self._shaped or v.dtype in (torch.float16, torch.bfloat16) else v
+                  for k, v in params.items()}
+        weights = [getattr(self, r.weight_name).to(compute) for r in self.spec.recurrent.values()]
+        states = [s.to(compute) if isinstance(s, torch.Tensor) else s for s in states]
+        fed = [f.to(compute) for f in fed]
         per_step_outputs, per_step_states = [], []
         for t in range(inputs[0].shape[0]):
-            xs = [x[t] for x in inputs]
+            xs = [x[t].to(compute) for x in inputs]
             if weights:  # r_t[..., i] = sum_j W[i, j] * source_{t-1}[..., j]
                 outs, states, fed = step(*xs, *(f @ w.T for f, w in zip(fed, weights)), *states, **params)
                 fed = [_like(f, xs[0]) for f in fed]
@@ -418,10 +434,10 @@ class FlexSN(nn.Module):
             per_step_outputs.append([_like(o, xs[0]) for o in outs])
             if self.store_state_seqs:
                 per_step_states.append(states)
-        outputs = [_stack([o[k] for o in per_step_outputs], inputs[0]) for k in range(len(self.spec.outputs))]
-        seqs = [_stack([s[k] for s in per_step_states], inputs[0]) for k in range(len(self.spec.states))] \
+        outputs = [torch.stack([o[k] for o in per_step_outputs]).to(storage) for k in range(len(self.spec.outputs))]
+        seqs = [torch.stack([s[k] for s in per_step_states]).to(storage) for k in range(len(self.spec.states))] \
             if self.store_state_seqs else []
-        return outputs, list(states), seqs, list(fed)
+        return outputs, [s.to(storage) for s in states], seqs, [f.to(storage) for f in fed]
 
 
 _set = object.__setattr__  # a plain attribute of a module, without nn.Module.__setattr__'s lookups
@@ -468,12 +484,6 @@ def _like(value, like: torch.Tensor) -> torch.Tensor:
     if value.shape != like.shape:
         return value.expand(like.shape) + like.new_zeros(())
     return value
-
-
-def _stack(values: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    if not values:
-        return like.new_zeros(like.shape)
-    return torch.stack(values)
 
 
 def reset_net(net: nn.Module) -> int:
