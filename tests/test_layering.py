@@ -1,7 +1,7 @@
 """The package's layering: no module imports (directly or through others) a module that imports it.
 
-Every import in ``flexsn_dsl/*.py`` counts, also those inside functions: a late import still
-makes the two modules depend on each other."""
+Every import in ``flexsn_dsl/**/*.py`` counts (a subpackage's modules are nodes of their own),
+also those inside functions: a late import still makes the two modules depend on each other."""
 from __future__ import annotations
 
 import ast
@@ -12,36 +12,65 @@ INIT = "__init__"
 
 
 def import_graph(folder: Path) -> dict[str, set[str]]:
-    """Module name -> the package modules it imports. ``from . import name`` of a name that is not a
-    module, and ``import flexsn_dsl``, import the package itself (``__init__``)."""
-    modules = {p.stem for p in folder.glob("*.py")}
+    """Module name -> the package modules it imports, subpackages included: a module of a
+    subpackage is ``sub.name``, the subpackage itself (its ``__init__``) ``sub``, the package
+    itself ``__init__``. ``from . import name`` of a name that is not a module, and
+    ``import flexsn_dsl``, import the package (or subpackage) itself."""
+    paths = sorted(folder.rglob("*.py"))
+
+    def node(path: Path) -> str:
+        parts = list(path.relative_to(folder).with_suffix("").parts)
+        if parts[-1] == INIT:
+            parts = parts[:-1]
+        return ".".join(parts) or INIT
+
+    modules = {node(p) for p in paths}
+
+    def known(dotted: str) -> str:
+        """The longest module or subpackage that ``dotted`` (relative to the package) names."""
+        parts = dotted.split(".") if dotted else []
+        while parts and ".".join(parts) not in modules:
+            parts.pop()
+        return ".".join(parts) or INIT
+
     graph: dict[str, set[str]] = {}
-
-    def target(dotted: str) -> str:
-        return dotted.split(".", 1)[0] if dotted else INIT
-
-    for path in sorted(folder.glob("*.py")):
+    for path in paths:
+        here = node(path)
+        package = here.split(".")[:-1] if path.stem != INIT else ([] if here == INIT else here.split("."))
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom):
-                if node.level > 1:
-                    continue  # above the package
-                if node.level == 1:
-                    module = node.module or ""
-                elif node.module and (node.module == folder.name or node.module.startswith(folder.name + ".")):
-                    module = node.module[len(folder.name) + 1:]
+        for tree_node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(tree_node, ast.ImportFrom):
+                if tree_node.level:
+                    if tree_node.level - 1 > len(package):
+                        continue  # above the package
+                    base = package[:len(package) - (tree_node.level - 1)]
+                elif tree_node.module and (tree_node.module == folder.name or
+                                           tree_node.module.startswith(folder.name + ".")):
+                    base, tree_node_module = [], tree_node.module[len(folder.name) + 1:]
+                    edges |= _targets(known, base, tree_node_module, tree_node.names)
+                    continue
                 else:
                     continue
-                if module:
-                    edges.add(target(module))
-                else:
-                    edges |= {a.name if a.name in modules else INIT for a in node.names}
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
+                edges |= _targets(known, base, tree_node.module or "", tree_node.names)
+            elif isinstance(tree_node, ast.Import):
+                for alias in tree_node.names:
                     if alias.name == folder.name or alias.name.startswith(folder.name + "."):
-                        edges.add(target(alias.name[len(folder.name) + 1:]))
-        graph[path.stem] = edges - {path.stem}
+                        edges.add(known(alias.name[len(folder.name) + 1:]))
+        graph[here] = edges - {here}
     return graph
+
+
+def _targets(known, base: list[str], module: str, names) -> set[str]:
+    """What ``from <base>.<module> import names`` imports: the module, or each name that is a module."""
+    prefix = ".".join([*base, *([module] if module else [])])
+    if module:
+        return {known(prefix)}
+    out = set()
+    for alias in names:
+        dotted = ".".join([*base, alias.name])
+        found = known(dotted)
+        out.add(found if found == dotted else known(prefix))
+    return out
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -77,6 +106,8 @@ def test_the_package_has_no_import_cycles():
     assert {"bench", "console"} <= graph["cli"]
     assert {"compiler", "errors"} <= graph["runtime"]
     assert "runtime" in graph[INIT] and "compiler" in graph["triton_runtime"]
+    assert {"nir.read", "nir.write", "nir.match", "nir.kinds"} <= graph["nir"] and "runtime" in graph["nir.read"]
+    assert "nir.read" in graph["nir.write"] and "nir" in graph["cli"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -88,11 +119,16 @@ def test_the_cycle_finder_finds_cycles_of_every_kind(tmp_path):
         "from-dot-import": {"a.py": "from . import b\n", "b.py": "from .c import x\n", "c.py": "import pkg.a\n"},
         "through the package": {INIT + ".py": "from .a import f\n", "a.py": "from . import __version__\n"},
         "absolute": {"a.py": "from pkg.b import g\n", "b.py": "import pkg\n", INIT + ".py": "from .a import f\n"},
+        "through a subpackage": {"sub/__init__.py": "", "sub/a.py": "from .b import x\n",
+                                 "sub/b.py": "from ..c import y\n", "c.py": "from .sub.a import z\n"},
+        "a subpackage's own import": {"sub/__init__.py": "from .a import x\n", "sub/a.py": "from . import b\n",
+                                      "sub/b.py": "from pkg.sub import x\n"},
     }
     for name, files in variants.items():
         folder = tmp_path / name.replace(" ", "_") / "pkg"
         folder.mkdir(parents=True)
         for file, text in files.items():
+            (folder / file).parent.mkdir(parents=True, exist_ok=True)
             (folder / file).write_text(text)
         cycle = find_cycle(import_graph(folder))
         assert cycle is not None and cycle[0] == cycle[-1], name

@@ -1,0 +1,447 @@
+"""Stage 7 (NIR): reading a NIR graph into modules: each neuron node a FlexSN generated from the
+spec of its kind, the other nodes torch layers applied to every step at once, wired by the graph's
+edges (cycles run step by step)."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..layers import PerStep
+from ..model import METHODS
+from ..runtime import BACKENDS, FlexSN, loads
+from .kinds import NEURONS, NIRError, _nir, neuron_spec
+
+
+def _array(value: Any, what: str) -> np.ndarray:
+    array = np.asarray(value, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise NIRError(f"{what} holds a value that is not a finite number")
+    return array
+
+
+def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback: Any = None) -> FlexSN:
+    """A NIR neuron node as a FlexSN: uniform arrays become numbers (baked into the kernels),
+    the others parameters with the array's shape (one value per neuron). ``feedback``: the
+    Linear node of an edge from the neuron back to itself, run inside the neuron's kernel."""
+    kind = NEURONS[type(node).__name__]
+    params: dict[str, float | torch.Tensor] = {"dt": dt}
+    if feedback is not None:
+        params["rec_weight"] = _tensor(feedback.weight)
+    shapes: dict[str, tuple[int, ...]] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for p in kind.params:
+        array = arrays[p] = _array(getattr(node, p), f"node {name!r}: parameter {p!r}")
+        if array.size == 0:
+            raise NIRError(f"node {name!r}: parameter {p!r} is empty")
+        if array.size == 1 or np.all(array == array.flat[0]):
+            params[p] = float(array.flat[0])
+        else:
+            shapes[p] = array.shape
+            params[p] = torch.tensor(array)
+    if method == "exact" and {"tau_syn", "tau_mem"} & set(shapes):
+        same = arrays["tau_syn"] == arrays["tau_mem"]
+        if np.any(same):
+            raise NIRError(f"node {name!r}: tau_syn equals tau_mem for {int(same.sum())} neuron(s), where the exact "
+                           "per-neuron propagator divides by tau_syn - tau_mem; import it with method='rk4' "
+                           "(or give every neuron the same two time constants)")
+    return loads(neuron_spec(kind, method, shapes, feedback is not None), params=params, backend=backend,
+                 filename=f"<nir {kind.kind}>")
+
+
+# -- the other nodes as torch modules ------------------------------------------------------
+
+class Flatten(nn.Module):
+    """NIR's Flatten: ``start_dim``/``end_dim`` count the dimensions of one sample (no time, no batch)."""
+
+    def __init__(self, start_dim: int, end_dim: int):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start = self.start_dim + 2 if self.start_dim >= 0 else self.start_dim
+        end = self.end_dim + 2 if self.end_dim >= 0 else self.end_dim
+        return x.flatten(start, end)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Scale(nn.Module):
+    """NIR's Scale: ``x * scale`` elementwise."""
+
+    def __init__(self, scale: torch.Tensor):
+        super().__init__()
+        self.register_buffer("scale", scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale.to(x.dtype)
+
+
+class Threshold(nn.Module):
+    """NIR's Threshold: 1 where ``x > threshold``, else 0 (no gradient)."""
+
+    def __init__(self, threshold: torch.Tensor):
+        super().__init__()
+        self.register_buffer("threshold", threshold)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x > self.threshold.to(x.dtype)).to(x.dtype)
+
+
+def _read_depth(delay: Delay, _keys: Any = None) -> None:
+    """Sets ``delay.depth`` from its steps (a load_state_dict post-hook, hence the second argument)."""
+    delay.depth = int(delay.steps.max()) if delay.steps.numel() else 0
+
+
+class Delay(nn.Module):
+    """NIR's Delay, ``y(t) = x(t - delay)``, with each delay a whole number of steps
+    (``round(delay / dt)``); the last steps are carried across calls until :meth:`reset`.
+    ``depth``, the longest delay, is read off ``steps`` when they are set (here and by
+    ``load_state_dict``), so that a call reads nothing back from the device."""
+
+    def __init__(self, steps: torch.Tensor):
+        super().__init__()
+        self.register_buffer("steps", steps)
+        self.history: torch.Tensor | None = None
+        _read_depth(self)
+        self.register_load_state_dict_post_hook(_read_depth)
+
+    def reset(self) -> None:
+        self.history = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        depth = self.depth
+        if depth == 0:
+            return x
+        history = self.history
+        if history is None or history.shape != (depth, *x.shape[1:]):
+            history = x.new_zeros((depth, *x.shape[1:]))
+        seq = torch.cat([history.to(x.dtype), x])
+        t = torch.arange(x.shape[0], device=x.device).view(-1, *([1] * (x.dim() - 1)))
+        index = (t + depth - self.steps.to(x.device)).expand(x.shape)
+        self.history = seq[-depth:].detach()
+        return seq.gather(0, index)
+
+
+def _ints(value: Any, n: int, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ints as an n-tuple."""
+    array = np.asarray(value).reshape(-1)
+    if array.size == 1:
+        array = np.repeat(array, n)
+    if array.size != n or not np.all(array == np.round(array)):
+        raise NIRError(f"{what} must be {n} whole number(s), got {np.asarray(value).tolist()}")
+    return tuple(int(a) for a in array)
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    return torch.tensor(np.asarray(value, dtype=np.float64), dtype=torch.get_default_dtype())
+
+
+def _conv(node: Any, name: str, dims: int) -> nn.Module:
+    weight = _tensor(node.weight)
+    if weight.dim() != dims + 2:
+        raise NIRError(f"node {name!r}: a Conv{dims}d weight has {dims + 2} dimensions, got shape {list(weight.shape)}")
+    padding = node.padding
+    if isinstance(padding, bytes):
+        padding = padding.decode()
+    if not isinstance(padding, str):
+        padding = _ints(padding, dims, f"node {name!r}: padding")
+    elif padding not in ("same", "valid"):
+        raise NIRError(f"node {name!r}: padding must be 'same', 'valid' or numbers, got {padding!r}")
+    cls = nn.Conv1d if dims == 1 else nn.Conv2d
+    layer = cls(weight.shape[1] * int(node.groups), weight.shape[0], tuple(weight.shape[2:]),
+                stride=_ints(node.stride, dims, f"node {name!r}: stride"), padding=padding,
+                dilation=_ints(node.dilation, dims, f"node {name!r}: dilation"), groups=int(node.groups))
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(_tensor(node.bias).reshape(-1) * torch.ones(weight.shape[0]))
+    return PerStep(layer)
+
+
+def _linear(node: Any, name: str, bias: bool) -> nn.Linear:
+    weight = _tensor(node.weight)
+    if weight.dim() != 2:
+        raise NIRError(f"node {name!r}: only 2-d weights are supported, got shape {list(weight.shape)}")
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias:
+            layer.bias.copy_(_tensor(node.bias).reshape(-1) * torch.ones(weight.shape[0]))
+    return layer
+
+
+def _pool(node: Any, name: str, summing: bool) -> nn.Module:
+    kernel = _ints(node.kernel_size, 2, f"node {name!r}: kernel_size")
+    stride = _ints(node.stride, 2, f"node {name!r}: stride")
+    padding = _ints(node.padding, 2, f"node {name!r}: padding")
+    return PerStep(nn.AvgPool2d(kernel, stride, padding, divisor_override=1 if summing else None))
+
+
+def _delay(node: Any, name: str, dt: float) -> Delay:
+    delay = _array(node.delay, f"node {name!r}: delay") / dt
+    steps = np.round(delay)
+    if np.any(steps < 0) or not np.allclose(delay, steps, rtol=0, atol=1e-6):
+        raise NIRError(f"node {name!r}: delays must be non-negative whole multiples of dt={dt}, got "
+                       f"{(delay * dt).ravel()[:8].tolist()}")
+    return Delay(torch.tensor(steps.astype(np.int64)))
+
+
+def _layer(node: Any, name: str, dt: float, method: str, backend: str, feedback: Any = None) -> nn.Module | None:
+    """The module of one node; None for Input, Output and Identity (pass-through)."""
+    nir = _nir()
+    kind = type(node).__name__
+    if kind in NEURONS:
+        return _neuron(node, name, dt, method, backend, feedback)
+    if isinstance(node, (nir.Input, nir.Output)) or kind == "Identity":
+        return None
+    if isinstance(node, nir.Affine):
+        return _linear(node, name, bias=True)
+    if isinstance(node, nir.Linear):
+        return _linear(node, name, bias=False)
+    if isinstance(node, nir.Conv1d):
+        return _conv(node, name, 1)
+    if isinstance(node, nir.Conv2d):
+        return _conv(node, name, 2)
+    if isinstance(node, nir.Flatten):
+        return Flatten(int(node.start_dim), int(node.end_dim))
+    if isinstance(node, nir.SumPool2d):
+        return _pool(node, name, summing=True)
+    if isinstance(node, nir.AvgPool2d):
+        return _pool(node, name, summing=False)
+    if isinstance(node, nir.Scale):
+        return Scale(_tensor(node.scale))
+    if isinstance(node, nir.Threshold):
+        return Threshold(_tensor(node.threshold))
+    if isinstance(node, nir.Delay):
+        return _delay(node, name, dt)
+    if isinstance(node, nir.NIRGraph):
+        return _network(node, dt, method, backend, f"{name}.")
+    raise NIRError(f"node {name!r} is a {kind}, which from_nir cannot run; it runs "
+                   f"{', '.join(sorted(SUPPORTED))}")
+
+
+SUPPORTED = (*NEURONS, "Affine", "Linear", "Conv1d", "Conv2d", "Flatten", "SumPool2d", "AvgPool2d", "Scale",
+             "Threshold", "Delay", "Input", "Output", "Identity", "NIRGraph")
+
+
+# -- wiring ---------------------------------------------------------------------------------
+
+def _components(names: list[str], edges: list[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected components in topological order (Tarjan), each in graph order."""
+    succ: dict[str, list[str]] = {n: [] for n in names}
+    for a, b in edges:
+        succ[a].append(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in names:
+        if root in index:
+            continue
+        work = [(root, iter(succ[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        comp.append(top)
+                        if top == node:
+                            break
+                    found.append(comp)
+            elif nxt not in index:
+                index[nxt] = low[nxt] = len(index)
+                stack.append(nxt)
+                on_stack.add(nxt)
+                work.append((nxt, iter(succ[nxt])))
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+    order = {n: i for i, n in enumerate(names)}
+    return [sorted(c, key=order.__getitem__) for c in reversed(found)]
+
+
+class NIRNetwork(nn.Module):
+    """A NIR graph as a module over ``[T, B, ...]`` (one tensor per Input node, in graph order;
+    one tensor per Output node, a tuple when there are several).
+
+    Feed-forward parts run layer by layer over all T steps (each neuron layer in one fused call);
+    a cycle (a recurrent edge) runs step by step, an edge back to an earlier node of the cycle
+    carrying the previous step's output (zero after :meth:`reset`). ``nodes`` holds the modules
+    under fixed keys (``node0``, ...); ``names`` maps each NIR node name to its key.
+    """
+
+    def __init__(self, names: list[str], modules: dict[str, nn.Module | None], edges: list[tuple[str, str]],
+                 inputs: list[str], outputs: list[str], folded: dict[str, str] | None = None):
+        super().__init__()
+        self.names = {name: f"node{i}" for i, name in enumerate(names)}
+        self.folded = dict(folded or {})  # neuron -> the Linear of its feedback loop, now the neuron's rec_weight
+        self.names.update({linear: self.names[neuron] for neuron, linear in self.folded.items()})
+        self.nodes = nn.ModuleDict({self.names[n]: m for n, m in modules.items() if m is not None})
+        self._inputs, self._outputs = inputs, outputs
+        self._preds: dict[str, list[str]] = {n: [] for n in names}
+        for a, b in edges:
+            self._preds[b].append(a)
+        self._components = _components(names, edges)
+        self._previous: dict[str, torch.Tensor] = {}  # cycles: each node's output at the last step
+
+    def node(self, name: str) -> nn.Module | None:
+        """The module of the NIR node ``name`` (None for Input, Output and Identity)."""
+        key = self.names[name]
+        return self.nodes[key] if key in self.nodes else None
+
+    def reset(self) -> None:
+        """Every neuron, delay and recurrent edge back to its initial state."""
+        self._previous = {}
+        for m in self.modules():
+            if m is not self and hasattr(m, "reset"):
+                m.reset()
+
+    def _apply_node(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        key = self.names[name]
+        return self.nodes[key](x) if key in self.nodes else x
+
+    def _gather(self, name: str, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        preds = self._preds[name]
+        if not preds:
+            raise NIRError(f"node {name!r} has no input edge")
+        total = values[preds[0]]
+        for p in preds[1:]:
+            total = total + values[p]
+        return total
+
+    def forward(self, *xs: torch.Tensor):
+        if len(xs) != len(self._inputs):
+            raise TypeError(f"this graph takes {len(self._inputs)} input(s), got {len(xs)}")
+        values: dict[str, torch.Tensor] = {}
+        for comp in self._components:
+            if len(comp) == 1 and comp[0] not in self._preds[comp[0]]:
+                name = comp[0]
+                values[name] = xs[self._inputs.index(name)] if name in self._inputs else \
+                    self._apply_node(name, self._gather(name, values))
+            else:
+                self._run_cycle(comp, values)
+        outs = tuple(values[o] for o in self._outputs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def _run_cycle(self, comp: list[str], values: dict[str, torch.Tensor]) -> None:
+        """A strongly connected component, step by step: a predecessor later in ``comp`` (or the node
+        itself) gives its output of the previous step."""
+        position = {n: i for i, n in enumerate(comp)}
+        outside = next((values[p] for n in comp for p in self._preds[n] if p not in position), None)
+        if outside is None:
+            raise NIRError(f"the cycle {comp!r} has no input from outside it")
+        steps: dict[str, list[torch.Tensor]] = {n: [] for n in comp}
+        for t in range(outside.shape[0]):
+            now: dict[str, torch.Tensor] = {}
+            for n in comp:
+                total = None
+                for p in self._preds[n]:
+                    if p not in position:
+                        v = values[p][t:t + 1]
+                    elif position[p] < position[n]:
+                        v = now[p]
+                    else:
+                        v = self._previous.get(p)
+                        if v is None:
+                            continue  # zero before the first step
+                    total = v if total is None else total + v
+                if total is None:
+                    raise NIRError(f"node {n!r} gets no input at the first step of its cycle")
+                now[n] = self._apply_node(n, total)
+            for n in comp:
+                self._previous[n] = now[n]
+                steps[n].append(now[n])
+        for n in comp:
+            values[n] = torch.cat(steps[n])
+
+
+def _network(graph: Any, dt: float, method: str, backend: str, prefix: str = "") -> NIRNetwork:
+    nir = _nir()
+    names = list(graph.nodes)
+    for a, b in graph.edges:
+        for end in (a, b):
+            if end not in graph.nodes:
+                raise NIRError(f"edge ({prefix}{a!r}, {prefix}{b!r}) names node {end!r}, which the graph does not have")
+    edges = [(str(a), str(b)) for a, b in graph.edges]
+    folded = _feedback_loops(graph, edges)
+    edges = [(a, b) for a, b in edges if folded.get(a) != b and folded.get(b) != a]
+    names = [n for n in names if n not in folded.values()]
+    modules = {n: _layer(graph.nodes[n], prefix + n, dt, method, backend,
+                         graph.nodes[folded[n]] if n in folded else None) for n in names}
+    inputs = [n for n in names if isinstance(graph.nodes[n], nir.Input)]
+    outputs = [n for n in names if isinstance(graph.nodes[n], nir.Output)]
+    if not inputs or not outputs:
+        raise NIRError(f"the graph {prefix or ''}needs an Input and an Output node (it has "
+                       f"{len(inputs)} and {len(outputs)})")
+    for a, b in edges:
+        if b in inputs:
+            raise NIRError(f"edge ({a!r}, {b!r}) leads into the Input node {b!r}")
+    return NIRNetwork(names, modules, edges, inputs, outputs, folded)
+
+
+def _feedback_loops(graph: Any, edges: list[tuple[str, str]]) -> dict[str, str]:
+    """Spiking neuron node -> a Linear node on an edge from it back to it and nothing else (snnTorch's
+    RLeaky): that loop runs inside the neuron's fused kernel (language v2, recurrent inputs)."""
+    nir = _nir()
+    preds: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    succs: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    for a, b in edges:
+        preds[b].append(a)
+        succs[a].append(b)
+    found: dict[str, str] = {}
+    for n, node in graph.nodes.items():
+        kind = NEURONS.get(type(node).__name__)
+        if kind is None or not kind.spiking or len(node.output_type["output"]) != 1:
+            continue
+        size = int(node.output_type["output"][0])
+        for p in preds[n]:
+            linear = graph.nodes[p]
+            if (type(linear) is nir.Linear and preds[p] == [n] and succs[p] == [n] and p not in found.values()
+                    and np.shape(linear.weight) == (size, size)):
+                found[n] = p
+                break
+    return found
+
+
+def _check_dt(dt: Any) -> None:
+    if not isinstance(dt, (int, float)) or isinstance(dt, bool) or not math.isfinite(dt) or dt <= 0:
+        raise ValueError(f"dt must be a positive number, got {dt!r}")
+
+
+def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str = "auto") -> NIRNetwork:
+    """A NIR graph (a ``nir.NIRGraph`` or the path of a NIR file) as an ``nn.Module`` over ``[T, B, ...]``.
+
+    ``dt`` is the length of one step, in the unit of the graph's time constants (seconds for
+    graphs from snnTorch, Norse and most others). ``method`` integrates the neurons' equations
+    (``exact``, ``euler``, ``rk2``, ``rk4``, ``exponential_euler``; a graph exported from a
+    framework that steps with Euler runs as it did there with ``method="euler"``). ``backend``
+    is that of :func:`flexsn_dsl.load`.
+    """
+    nir = _nir()
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    _check_dt(dt)
+    graph = graph_or_path
+    if isinstance(graph, (str, os.PathLike)):
+        graph = nir.read(graph)
+    if not isinstance(graph, nir.NIRGraph):
+        graph = nir.NIRGraph.from_list(graph)
+    return _network(graph, float(dt), method, backend)
+
