@@ -7,12 +7,12 @@ that checking a spec (``flexsn-dsl check``) needs only the parser and sympy.
 from __future__ import annotations
 
 from .version import __version__
-from .errors import MissingDependency, PluginError, ShapeError, SourcePos, SpecError
+from .errors import MissingDependency, NIRError, PluginError, ShapeError, SourcePos, SpecError
 from .hookspecs import hookimpl, hookspec
 from .codegen_triton import FlexSNInfo
 
 
-__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "Monitor", "PerStep", "PluginError", "ShapeError",
+__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "Monitor", "NIRError", "PerStep", "PluginError", "ShapeError",
            "Simulation", "SourcePos", "SpecError", "detach_net", "encode", "from_nir", "hookimpl", "hookspec", "load",
            "loads", "reset_net", "simulate", "summary", "to_nir", "__version__"]
 

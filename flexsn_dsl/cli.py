@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from .console import (UsageError, add_spec_options, at_least, escaped_output, parse_params, parse_sizes,
                       refuse_overwriting_inputs, table)
-from .errors import MissingDependency, SpecError, SpecWarning
+from .errors import MissingDependency, NIRError, SpecError, SpecWarning, printable
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "info", "module",
@@ -91,7 +91,7 @@ def cmd_check(args) -> int:
         m = compiled.model
         for warning in m.warnings:
             print(warning.format(), file=sys.stderr)
-        print(f"ok  {path}  neuron {m.name}: inputs {m.inputs}, states {list(m.states)}, "
+        print(f"ok  {printable(path)}  neuron {m.name}: inputs {m.inputs}, states {list(m.states)}, "
               f"outputs {[n for n, _ in m.outputs]}, surrogate {m.surrogate.name}")
     return 1 if failed else 0
 
@@ -111,7 +111,7 @@ def cmd_build(args) -> int:
     rows, failed = [], len(problems)
     built: dict[str, Path] = {}  # neuron name -> the spec it was built from
     for index, path in enumerate(specs, 1):
-        print(f"[{index}/{len(specs)}] {path} ...", end="", flush=True, file=sys.stderr)
+        print(f"[{index}/{len(specs)}] {printable(path)} ...", end="", flush=True, file=sys.stderr)
         start = time.perf_counter()
         try:
             compiled = _compile(path, args)
@@ -145,7 +145,7 @@ def cmd_build(args) -> int:
     if rows:
         print(table(rows, ["spec", "neuron", "inputs", "states", "outputs", "learnable", "saved/step", "kernels",
                             "s"]))
-    print(f"{len(specs) + len(problems) - failed} built, {failed} failed; output in {out}/", file=sys.stderr)
+    print(f"{len(specs) + len(problems) - failed} built, {failed} failed; output in {printable(out)}/", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -163,7 +163,7 @@ def cmd_show(args) -> int:
     what = args.kernel
     if what == "model":
         m = compiled.model
-        print(f"neuron {m.name} ({m.file})\n  {m.description}")
+        print(f"neuron {m.name} ({printable(m.file)})\n  {m.description}")
         print(f"  inputs: {m.inputs}")
         shapes = resolve_shapes(m, parse_sizes(args.size), {}, require=False)
         for p in m.parameters.values():
@@ -271,7 +271,7 @@ def cmd_simulate(args) -> int:
             from None
     for what, path in (("rates" if args.fi else "traces", args.csv), ("plot", args.plot)):
         if path:
-            print(f"{what} written to {path}")
+            print(f"{what} written to {printable(path)}")
     return 0
 
 
@@ -355,12 +355,10 @@ def cmd_nir(args) -> int:
             graph = nir_module.to_nir(module, torch.zeros(1, 2, *shape), dt=args.dt)
             nir.write(args.out, graph)
             kind = next(n for n in graph.nodes.values() if type(n).__name__ in nir_module.NEURONS)
-            print(f"{module.spec.name} is NIR {type(kind).__name__}; written to {args.out}")
+            print(f"{module.spec.name} is NIR {type(kind).__name__}; written to {printable(args.out)}")
             _print_graph(graph)
             return 0
-        if not Path(args.file).is_file():
-            raise SpecError(f"{args.file} does not exist", hint="give a NIR file written by nir.write")
-        graph = nir.read(args.file)
+        graph = nir_module.read_graph(args.file)
         if args.nir_command == "show":
             _print_graph(graph)
             return 0
@@ -375,7 +373,7 @@ def cmd_nir(args) -> int:
             print(f"ran {args.steps} steps of zero input: output shape {list(out.shape)}, "
                   f"{float(out.sum()):g} summed")
         return 0
-    except nir_module.NIRError as exc:
+    except NIRError as exc:
         raise SpecError(str(exc)) from None
     except (OSError, KeyError, ValueError, AssertionError) as exc:
         what = getattr(args, "file", None) or getattr(args, "out", None)
@@ -402,11 +400,14 @@ def _print_graph(graph) -> None:
         params = []
         for key, value in vars(node).items():
             if isinstance(value, np.ndarray) and key not in ("input_type", "output_type") and value.size:
+                if value.dtype.kind not in "biuf":
+                    params.append(f"{printable(key)}=({value.dtype.kind} values)")
+                    continue
                 lo, hi = float(value.min()), float(value.max())
-                params.append(f"{key}={lo:g}" if lo == hi else f"{key}={lo:g}..{hi:g}")
-        rows.append([name, type(node).__name__, str(shapes[0]), str(shapes[1]), " ".join(params)])
+                params.append(f"{printable(key)}={lo:g}" if lo == hi else f"{printable(key)}={lo:g}..{hi:g}")
+        rows.append([printable(name), type(node).__name__, str(shapes[0]), str(shapes[1]), " ".join(params)])
     print(table(rows, ["node", "kind", "input", "output", "parameters (min..max)"]))
-    print("edges: " + ", ".join(f"{a} -> {b}" for a, b in graph.edges))
+    print("edges: " + ", ".join(f"{printable(a)} -> {printable(b)}" for a, b in graph.edges))
 
 
 def cmd_bench(args) -> int:

@@ -6,6 +6,12 @@ from dataclasses import dataclass
 MAX_SHOWN = 120  # longest source excerpt shown under a message
 
 
+def printable(text: object) -> str:
+    """A file name or other untrusted name on one line: newlines and tabs written ``\\n``, ``\\t``
+    (a name cannot forge lines or columns of a report; the CLI escapes other controls as it prints)."""
+    return str(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 @dataclass(frozen=True)
 class SourcePos:
     """A place in a spec file; line and col are 1-based."""
@@ -15,7 +21,7 @@ class SourcePos:
     col: int
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
+        return f"{printable(self.file)}:{self.line}:{self.col}"
 
     def shifted(self, line_offset: int, col: int) -> "SourcePos":
         return SourcePos(self.file, self.line + line_offset, col)
@@ -105,3 +111,8 @@ class SpecWarning(UserWarning):
     def format(self) -> str:
         where = f"{self.pos}: " if self.pos else ""
         return f"{where}warning: {self.message}" + (f"\n  hint: {self.hint}" if self.hint else "")
+
+
+class NIRError(ValueError):
+    """A NIR graph or file (or a module to export) that cannot be converted; one line saying which
+    node, field or file and why."""

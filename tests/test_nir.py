@@ -392,6 +392,27 @@ def test_a_graph_exported_by_snntorch():
     torch.testing.assert_close(lif.state_seqs["v"].cpu()[before], theirs_v.to(DTYPE)[before], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_snntorch_with_zero_reset_and_no_delay_spikes_as_the_import():
+    """docs/nir.md's setting: snnTorch's Leaky(reset_mechanism="zero", reset_delay=False) resets to 0 in the step
+    that spikes, as the exported LIF node says: imported with method="euler", spike for spike the same."""
+    snn = pytest.importorskip("snntorch")
+    from snntorch.export_nir import export_to_nir
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        net = torch.nn.Sequential(torch.nn.Linear(3, N), snn.Leaky(beta=torch.full((N,), 0.9), threshold=torch.ones(N),
+                                                                   init_hidden=True, output=True,
+                                                                   reset_mechanism="zero", reset_delay=False))
+        graph = export_to_nir(net, torch.randn(1, 3), ignore_dims=[0])
+        x = torch.rand(60, 2, 3, generator=torch.Generator().manual_seed(19)) * 0.6
+        net[1].reset_hidden()
+        with torch.no_grad():
+            theirs = torch.stack([net(xt)[0] for xt in x])
+    ours = from_nir(graph, dt=1e-4, method="euler", backend="torch").to(DTYPE)
+    out = ours(x.to(DTYPE).to(torch.get_default_device())).cpu()
+    assert theirs.sum() > 10 and torch.equal(out, theirs.to(DTYPE))
+
+
 def test_nir_is_imported_only_when_used(monkeypatch):
     import subprocess
     import sys
@@ -435,7 +456,7 @@ def test_specs_are_recognised_symbolically(name, dt, kind, want):
     ("adex_ct", None, r"closest is CubaLIF, but dv/dt has the term .*exp"),
     ("lif_refractory", None, "refractory period, which no NIR neuron has"),
     ("lif", None, r"discrete-time \(`step`\) spec.*to_nir\(\.\.\., dt=\.\.\.\)"),
-    ("leaky", 1.0, "NIR neurons have one output"),
+    ("leaky", 1.0, r"leaky gives 2 outputs \['spk', 'mem'\]; NIR neurons give one"),
 ])
 def test_specs_without_a_nir_node_are_refused(name, dt, message):
     with pytest.raises(NIRError, match=message):
@@ -601,8 +622,8 @@ def test_cli_export_show_import(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["nir", "export", "neurons/lif_soft.yaml", "--shape", "3", "-o", "{tmp}/x.nir", "--dt", "1"],
      "error: lif_soft matches no NIR neuron; the closest is LIF, but the reset v: v - 1.0"),
-    (["nir", "show", "{tmp}/missing.nir"], "missing.nir does not exist"),
-    (["nir", "show", "{tmp}/garbage.nir"], "garbage.nir: OSError"),
+    (["nir", "show", "{tmp}/missing.nir"], "missing.nir': cannot read it (No such file or directory)"),
+    (["nir", "show", "{tmp}/garbage.nir"], "garbage.nir' is not an HDF5 file h5py can read (OSError: "),
 ])
 def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
     from flexsn_dsl.cli import main

@@ -6,15 +6,22 @@ node becomes a :class:`~flexsn_dsl.FlexSN` generated from a spec with the node's
 become torch layers applied to every step at once. :func:`to_nir` goes the other way, and
 recognises each neuron module by comparing its spec's equations with NIR's, symbolically.
 
-Needs the ``nir`` package (``pip install flexsn-dsl[nir]``); nothing else in the package imports
-this module. Names in a NIR graph are untrusted: they never reach spec text or generated code
-(the specs are fixed texts, the values go in as numbers and tensors).
+Needs the ``nir`` package (``pip install flexsn-dsl[nir]``); only the CLI imports this package
+(lazily). NIR files and graphs are untrusted input, like specs: a file is checked before it is
+read (:mod:`.files`), every value per element (:mod:`.read`), and names never reach spec text or
+generated code (the specs are fixed texts, the values go in as numbers and tensors).
+
+Modules: :mod:`.kinds` (the NIR neuron kinds and the spec text of each), :mod:`.files` (a NIR
+file checked before reading), :mod:`.read` (a graph into modules), :mod:`.match` (a spec's
+equations against NIR's), :mod:`.write` (a module as a graph).
 """
 from __future__ import annotations
 
-from .kinds import NEURONS, NIRError, NeuronKind, _nir, neuron_spec
+from ..errors import NIRError
+from .kinds import NEURONS, NeuronKind, _nir, neuron_spec  # noqa: F401 (_nir: the CLI checks that nir is installed)
 from .match import match_neuron
-from .read import NIRNetwork, from_nir
+from .read import NIRNetwork, from_nir, read_graph
 from .write import to_nir
 
-__all__ = ["NEURONS", "NIRError", "NIRNetwork", "NeuronKind", "from_nir", "match_neuron", "neuron_spec", "to_nir", "_nir"]
+__all__ = ["NEURONS", "NIRError", "NIRNetwork", "NeuronKind", "from_nir", "match_neuron", "neuron_spec", "read_graph",
+           "to_nir"]

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 from ..errors import MissingDependency
+from ..literals import number
 from ..model import METHODS
-
-class NIRError(ValueError):
-    """A NIR graph (or a module to export) that cannot be converted; the message says which node and why."""
-
 
 def _nir():
     """The ``nir`` package, or :class:`MissingDependency` saying how to get it."""
@@ -27,7 +25,8 @@ def _nir():
 
 # -- the neuron specs ------------------------------------------------------------------------
 # Fixed texts: only the method (checked against METHODS), the parameter declarations (fixed
-# names; a shape of integers) and nothing else are filled in; values come in through params=.
+# names; a shape of integers; scalar values as exact float literals) are filled in; the values of
+# parameters with a shape come in through params=.
 
 @dataclass(frozen=True)
 class NeuronKind:
@@ -64,9 +63,13 @@ NEURONS: dict[str, NeuronKind] = {k.kind: k for k in (
 INPUT = re.compile(r"\bx\b")  # the input in the equations of NEURONS
 
 
-def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]], recurrent: bool = False) -> str:
-    """The spec text of a NIR neuron kind; ``shapes`` gives the parameters that hold one value per neuron;
-    ``recurrent`` adds ``rec = rec_weight · out[t-1]`` (the neuron's output fed back) to its input."""
+def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]], recurrent: bool = False,
+                values: Mapping[str, float] | None = None) -> str:
+    """The spec text of a NIR neuron kind; ``shapes`` gives the parameters that hold one value per neuron,
+    ``values`` the numbers of the others and of ``dt`` (written into the text as exact literals, so that
+    the spec shows the values in use; 1.0 where not given); ``recurrent`` adds ``rec = rec_weight ·
+    out[t-1]`` (the neuron's output fed back) to its input."""
+    values = values or {}
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     lines = [f"neuron: nir_{kind.kind.lower()}", f"description: {json.dumps(kind.description)}", "inputs: [x]", "parameters:"]
@@ -75,8 +78,8 @@ def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]
             dims = ", ".join(str(int(n)) for n in shapes[name])  # propagator check from seeing equal time constants
             lines.append(f"  {name}: {{value: {index + 1}.0, shape: [{dims}]}}")
         else:
-            lines.append(f"  {name}: 1.0")
-    lines += ["  dt: 1.0", "states:", *(f"  {s}: {init}" for s, init in kind.states)]
+            lines.append(f"  {name}: {number(float(values.get(name, 1.0)))}")
+    lines += [f"  dt: {number(float(values.get('dt', 1.0)))}", "states:", *(f"  {s}: {init}" for s, init in kind.states)]
     if recurrent:
         lines += ["recurrent:", f"  rec: {{from: {'s' if kind.spiking else 'v'}}}"]
     drive = "(x + rec)" if recurrent else "x"

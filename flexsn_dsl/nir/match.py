@@ -11,7 +11,8 @@ import sympy
 
 from ..runtime import FlexSN
 from ..symbolic import Detach, Spike, language_text, nonlinear_term, real_symbol
-from .kinds import NEURONS, NIRError, NeuronKind
+from ..errors import NIRError
+from .kinds import NEURONS, NeuronKind
 
 
 X = sympy.Dummy("x", real=True)  # the input, in the NIR templates and in every spec once renamed
@@ -155,19 +156,25 @@ def _dynamics(m: FlexSN, dt: float | None) -> tuple[Dynamics, str]:
         convention + f"; the recurrent input {rec[0].name!r} as a Linear node on an edge back to the neuron"
 
 
+def check_ports(m: FlexSN, where: str = "") -> None:
+    """A NIRError unless the module takes one input and gives one output, as every NIR neuron does."""
+    spec, at = m.spec, f"{where}: " if where else ""
+    if len(spec.inputs) != 1:
+        raise NIRError(f"{at}{spec.name} takes {len(spec.inputs)} inputs {spec.inputs}; NIR neurons take one")
+    if len(spec.outputs) != 1:
+        raise NIRError(f"{at}{spec.name} gives {len(spec.outputs)} outputs {[n for n, _ in spec.outputs]}; NIR "
+                       "neurons give one (give it outputs: [s], or [v] for a neuron without spikes)")
+
+
 def _own_dynamics(m: FlexSN, dt: float | None) -> tuple[Dynamics, str]:
     """The module's spec as continuous-time dynamics (a `step` spec read as an Euler step of
     length ``dt``); scalar parameters replaced by their values, shaped ones kept as symbols.
     Returns the dynamics and a note on the convention used."""
     spec = m.spec
-    if len(spec.inputs) != 1:
-        raise NIRError(f"{spec.name}: NIR neurons have one input, this spec has {spec.inputs}")
     c = spec.continuous
     if c is not None and c.refractory:
         raise NIRError(f"{spec.name}: it has a refractory period, which no NIR neuron has")
-    if len(spec.outputs) != 1:
-        raise NIRError(f"{spec.name}: NIR neurons have one output, this spec has {[n for n, _ in spec.outputs]} "
-                       "(give it outputs: [s], or [v] for a neuron without spikes)")
+    check_ports(m)
     scalars = {real_symbol(n): sympy.Float(float(getattr(m, n).detach())) for n in spec.parameters
                if n not in spec.shaped}
     shaped = {real_symbol(n): sympy.Dummy(n, real=True) for n in spec.shaped}  # apart from NIR's names

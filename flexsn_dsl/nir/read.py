@@ -14,14 +14,52 @@ from torch import nn
 from ..layers import PerStep
 from ..model import METHODS
 from ..runtime import BACKENDS, FlexSN, loads
-from .kinds import NEURONS, NIRError, _nir, neuron_spec
+from ..errors import MissingDependency, NIRError, SpecError
+from .files import check_file, shown
+from .kinds import NEURONS, _nir, neuron_spec
 
 
-def _array(value: Any, what: str) -> np.ndarray:
-    array = np.asarray(value, dtype=np.float64)
-    if not np.all(np.isfinite(array)):
-        raise NIRError(f"{what} holds a value that is not a finite number")
+# -- values: every element of every field checked ---------------------------------------------
+POSITIVE = frozenset({"tau", "tau_syn", "tau_mem"})  # neuron fields that divide: each element must be > 0
+MAX_NESTING = 32  # graphs inside graphs
+
+
+def _array(value: Any, name: str, field: str, positive: bool = False) -> np.ndarray:
+    """A field's values as float64, each element real and finite (and > 0 when ``positive``); a
+    NIRError naming the node, the field and the first bad element's index otherwise."""
+    array = np.asarray(value)
+    where = f"node {name!r}, field {field!r}"
+    if array.dtype.kind == "c":
+        bad = np.argwhere(array.imag != 0)
+        if len(bad):
+            index = tuple(int(i) for i in bad[0])
+            raise NIRError(f"{where}, index {list(index)}: {complex(array[index])!r} is complex, not a real number")
+        array = array.real
+    if array.dtype.kind not in "biuf":
+        raise NIRError(f"{where} holds {array.dtype} values, not numbers")
+    array = array.astype(np.float64)
+    bad = ~np.isfinite(array) | ((array <= 0) if positive else False)
+    if np.any(bad):
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = float(array[index])
+        wanted = "> 0" if positive and np.isfinite(value) else "a finite number"
+        raise NIRError(f"{where}, index {list(index)}: {value!r} is not {wanted}")
     return array
+
+
+def _tensor(value: Any, name: str, field: str) -> torch.Tensor:
+    return torch.tensor(_array(value, name, field), dtype=torch.get_default_dtype())
+
+
+def _nesting(graph: Any) -> None:
+    """Refuse graphs nested deeper than MAX_NESTING (walked without recursion)."""
+    nir = _nir()
+    todo = [(graph, 0)]
+    while todo:
+        g, depth = todo.pop()
+        if depth > MAX_NESTING:
+            raise NIRError(f"the graph nests graphs {depth} deep, more than {MAX_NESTING}")
+        todo += [(n, depth + 1) for n in g.nodes.values() if isinstance(n, nir.NIRGraph)]
 
 
 def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback: Any = None) -> FlexSN:
@@ -29,17 +67,18 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback
     the others parameters with the array's shape (one value per neuron). ``feedback``: the
     Linear node of an edge from the neuron back to itself, run inside the neuron's kernel."""
     kind = NEURONS[type(node).__name__]
-    params: dict[str, float | torch.Tensor] = {"dt": dt}
+    params: dict[str, torch.Tensor] = {}
+    numbers: dict[str, float] = {"dt": dt}  # written into the spec's text
     if feedback is not None:
-        params["rec_weight"] = _tensor(feedback.weight)
+        params["rec_weight"] = _tensor(feedback.weight, name, "rec_weight")
     shapes: dict[str, tuple[int, ...]] = {}
     arrays: dict[str, np.ndarray] = {}
     for p in kind.params:
-        array = arrays[p] = _array(getattr(node, p), f"node {name!r}: parameter {p!r}")
+        array = arrays[p] = _array(getattr(node, p), name, p, positive=p in POSITIVE)
         if array.size == 0:
-            raise NIRError(f"node {name!r}: parameter {p!r} is empty")
+            raise NIRError(f"node {name!r}, field {p!r} is empty")
         if array.size == 1 or np.all(array == array.flat[0]):
-            params[p] = float(array.flat[0])
+            numbers[p] = float(array.flat[0])
         else:
             shapes[p] = array.shape
             params[p] = torch.tensor(array)
@@ -49,8 +88,11 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback
             raise NIRError(f"node {name!r}: tau_syn equals tau_mem for {int(same.sum())} neuron(s), where the exact "
                            "per-neuron propagator divides by tau_syn - tau_mem; import it with method='rk4' "
                            "(or give every neuron the same two time constants)")
-    return loads(neuron_spec(kind, method, shapes, feedback is not None), params=params, backend=backend,
-                 filename=f"<nir {kind.kind}>")
+    try:
+        return loads(neuron_spec(kind, method, shapes, feedback is not None, numbers), params=params,
+                     backend=backend, filename=f"<nir {kind.kind}>")
+    except SpecError as exc:  # values the spec's own checks refuse (a time constant that overflows dt / tau)
+        raise NIRError(f"node {name!r}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")) from None
 
 
 # -- the other nodes as torch modules ------------------------------------------------------
@@ -128,22 +170,20 @@ class Delay(nn.Module):
         return seq.gather(0, index)
 
 
-def _ints(value: Any, n: int, what: str) -> tuple[int, ...]:
-    """An int or a sequence of ints as an n-tuple."""
+def _ints(value: Any, n: int, what: str, low: int = 0) -> tuple[int, ...]:
+    """An int or a sequence of ints as an n-tuple, each at least ``low``."""
     array = np.asarray(value).reshape(-1)
     if array.size == 1:
         array = np.repeat(array, n)
-    if array.size != n or not np.all(array == np.round(array)):
-        raise NIRError(f"{what} must be {n} whole number(s), got {np.asarray(value).tolist()}")
+    if array.dtype.kind not in "biuf" or array.size != n or not np.all(np.isfinite(array)) or \
+            not np.all(array == np.round(array)) or np.any(array < low) or np.any(np.abs(array) > 2 ** 31):
+        raise NIRError(f"{what} must be {n} whole number(s) of at least {low}, got "
+                       f"{np.asarray(value).reshape(-1)[:8].tolist()}")
     return tuple(int(a) for a in array)
 
 
-def _tensor(value: Any) -> torch.Tensor:
-    return torch.tensor(np.asarray(value, dtype=np.float64), dtype=torch.get_default_dtype())
-
-
 def _conv(node: Any, name: str, dims: int) -> nn.Module:
-    weight = _tensor(node.weight)
+    weight = _tensor(node.weight, name, "weight")
     if weight.dim() != dims + 2:
         raise NIRError(f"node {name!r}: a Conv{dims}d weight has {dims + 2} dimensions, got shape {list(weight.shape)}")
     padding = node.padding
@@ -154,36 +194,39 @@ def _conv(node: Any, name: str, dims: int) -> nn.Module:
     elif padding not in ("same", "valid"):
         raise NIRError(f"node {name!r}: padding must be 'same', 'valid' or numbers, got {padding!r}")
     cls = nn.Conv1d if dims == 1 else nn.Conv2d
-    layer = cls(weight.shape[1] * int(node.groups), weight.shape[0], tuple(weight.shape[2:]),
-                stride=_ints(node.stride, dims, f"node {name!r}: stride"), padding=padding,
-                dilation=_ints(node.dilation, dims, f"node {name!r}: dilation"), groups=int(node.groups))
+    (groups,) = _ints(node.groups, 1, f"node {name!r}: groups", low=1)
+    if weight.shape[0] % groups:
+        raise NIRError(f"node {name!r}: {weight.shape[0]} output channels are not a multiple of groups={groups}")
+    layer = cls(weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
+                stride=_ints(node.stride, dims, f"node {name!r}: stride", low=1), padding=padding,
+                dilation=_ints(node.dilation, dims, f"node {name!r}: dilation", low=1), groups=groups)
     with torch.no_grad():
         layer.weight.copy_(weight)
-        layer.bias.copy_(_tensor(node.bias).reshape(-1) * torch.ones(weight.shape[0]))
+        layer.bias.copy_(_tensor(node.bias, name, "bias").reshape(-1) * torch.ones(weight.shape[0]))
     return PerStep(layer)
 
 
 def _linear(node: Any, name: str, bias: bool) -> nn.Linear:
-    weight = _tensor(node.weight)
+    weight = _tensor(node.weight, name, "weight")
     if weight.dim() != 2:
         raise NIRError(f"node {name!r}: only 2-d weights are supported, got shape {list(weight.shape)}")
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias)
     with torch.no_grad():
         layer.weight.copy_(weight)
         if bias:
-            layer.bias.copy_(_tensor(node.bias).reshape(-1) * torch.ones(weight.shape[0]))
+            layer.bias.copy_(_tensor(node.bias, name, "bias").reshape(-1) * torch.ones(weight.shape[0]))
     return layer
 
 
 def _pool(node: Any, name: str, summing: bool) -> nn.Module:
-    kernel = _ints(node.kernel_size, 2, f"node {name!r}: kernel_size")
-    stride = _ints(node.stride, 2, f"node {name!r}: stride")
+    kernel = _ints(node.kernel_size, 2, f"node {name!r}: kernel_size", low=1)
+    stride = _ints(node.stride, 2, f"node {name!r}: stride", low=1)
     padding = _ints(node.padding, 2, f"node {name!r}: padding")
     return PerStep(nn.AvgPool2d(kernel, stride, padding, divisor_override=1 if summing else None))
 
 
 def _delay(node: Any, name: str, dt: float) -> Delay:
-    delay = _array(node.delay, f"node {name!r}: delay") / dt
+    delay = _array(node.delay, name, "delay") / dt
     steps = np.round(delay)
     if np.any(steps < 0) or not np.allclose(delay, steps, rtol=0, atol=1e-6):
         raise NIRError(f"node {name!r}: delays must be non-negative whole multiples of dt={dt}, got "
@@ -214,9 +257,9 @@ def _layer(node: Any, name: str, dt: float, method: str, backend: str, feedback:
     if isinstance(node, nir.AvgPool2d):
         return _pool(node, name, summing=False)
     if isinstance(node, nir.Scale):
-        return Scale(_tensor(node.scale))
+        return Scale(_tensor(node.scale, name, "scale"))
     if isinstance(node, nir.Threshold):
-        return Threshold(_tensor(node.threshold))
+        return Threshold(_tensor(node.threshold, name, "threshold"))
     if isinstance(node, nir.Delay):
         return _delay(node, name, dt)
     if isinstance(node, nir.NIRGraph):
@@ -438,10 +481,31 @@ def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     _check_dt(dt)
-    graph = graph_or_path
-    if isinstance(graph, (str, os.PathLike)):
-        graph = nir.read(graph)
-    if not isinstance(graph, nir.NIRGraph):
-        graph = nir.NIRGraph.from_list(graph)
-    return _network(graph, float(dt), method, backend)
+    graph = read_graph(graph_or_path) if isinstance(graph_or_path, (str, os.PathLike)) else graph_or_path
+    try:
+        if not isinstance(graph, nir.NIRGraph):
+            graph = nir.NIRGraph.from_list(graph)
+        _nesting(graph)
+        return _network(graph, float(dt), method, backend)
+    except (NIRError, MissingDependency):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a crafted graph: one line, never a traceback from deep inside
+        raise NIRError(f"the graph cannot be imported: {_reason(exc)}") from None
+
+
+def read_graph(path: str | os.PathLike) -> Any:
+    """A NIR file as a ``nir.NIRGraph``, after :func:`~flexsn_dsl.nir.files.check_file`; a one-line
+    NIRError for a file that is unsafe or that ``nir.read`` cannot read."""
+    nir = _nir()
+    check_file(path)
+    try:
+        return nir.read(path)
+    except Exception as exc:  # noqa: BLE001 - nir.read raises KeyError, TypeError, ValueError... on crafted files
+        raise NIRError(f"{shown(path)} is not a NIR graph nir.read can read: {_reason(exc)}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 

@@ -15,8 +15,9 @@ from torch import nn
 
 from ..layers import PerStep
 from ..runtime import FlexSN
-from .kinds import NIRError, _nir
-from .match import match_neuron
+from ..errors import NIRError
+from .kinds import _nir
+from .match import check_ports, match_neuron
 from .read import Delay, Flatten, NIRNetwork, Scale, Threshold, _check_dt, _ints
 
 
@@ -32,6 +33,9 @@ def _loop_back(nodes: dict[str, Any], edges: list[tuple[str, str]], neuron: str,
     edges += [(neuron, linear), (linear, neuron)]
 
 
+_NUMPY = [{"Sigmoid": lambda a: 1.0 / (1.0 + np.exp(-a))}, "numpy"]  # the language's own functions, for numpy
+
+
 def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: str) -> Any:
     """The NIR node of one of our neuron modules, its arrays of the layer's shape ``feature``."""
     nir = _nir()
@@ -44,7 +48,7 @@ def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: s
         expr = values[p]
         symbols = sorted(expr.free_symbols, key=str)  # the shaped parameters it depends on
         args = [_numpy(getattr(m, s.name).double()) for s in symbols]
-        value = np.asarray(sympy.lambdify(symbols, expr, "numpy")(*args), dtype=np.float64)
+        value = np.asarray(sympy.lambdify(symbols, expr, _NUMPY)(*args), dtype=np.float64)
         try:
             arrays[p] = np.array(np.broadcast_to(value, feature))
         except ValueError:
@@ -157,10 +161,12 @@ class _Shapes(torch.fx.Interpreter):
 
 
 def _feature(shape: tuple[int, ...] | None, steps: int, where: str) -> tuple[int, ...]:
-    """One sample's shape: ``shape`` without its leading time and batch dimensions (together T*B elements)."""
+    """One sample's shape: ``shape`` without its leading time and batch dimensions (together T*B
+    elements): ``[T, B, ...]`` first (so a batch of 1 is not taken for a sample dimension), then
+    ``[T * B, ...]`` as a layer applied to every step sees it."""
     if shape is not None:
-        for k in range(1, len(shape) + 1):
-            if math.prod(shape[:k]) == steps:
+        for k in (2, 1, *range(3, len(shape) + 1)):
+            if k <= len(shape) and math.prod(shape[:k]) == steps:
                 return tuple(shape[k:])
     raise NIRError(f"{where}: its output (shape {None if shape is None else list(shape)}) does not start with the "
                    "time and batch dimensions of the sample input")
@@ -211,6 +217,9 @@ def to_nir(module: nn.Module, sample_input: torch.Tensor, dt: float | None = Non
         _check_dt(dt)
     if isinstance(module, NIRNetwork):
         return _export_network(module, sample_input, dt)
+    for name, m in module.named_modules():  # before tracing: a neuron NIR cannot hold, in one line
+        if isinstance(m, FlexSN):
+            check_ports(m, f"module {name!r}" if name else "")
     tracer = _Tracer()
     if tracer.is_leaf_module(module, ""):
         module = nn.Sequential(module)  # torch.fx traces into the root module: make a leaf a child
