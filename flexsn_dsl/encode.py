@@ -15,10 +15,15 @@ def _steps(T: int) -> int:
     return T
 
 
+def _tensor(x) -> torch.Tensor:
+    """A tensor as it is (on its own device); numbers and arrays as a tensor on the default device."""
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
 def rate(x: torch.Tensor, T: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Rate (Bernoulli) coding: ``[T, *x.shape]`` spikes, each 1 with probability ``x`` clipped to
     [0, 1], independently at every step (snnTorch ``spikegen.rate``, SpikingJelly's Poisson encoder)."""
-    x = torch.as_tensor(x)
+    x = _tensor(x)
     p = x.to(torch.get_default_dtype() if not x.is_floating_point() else x.dtype).clamp(0, 1)
     return torch.bernoulli(p.expand(_steps(T), *p.shape), generator=generator)
 
@@ -27,7 +32,7 @@ def latency(x: torch.Tensor, T: int) -> torch.Tensor:
     """Latency (time-to-first-spike) coding: ``[T, *x.shape]`` with one spike per element that has
     ``x > 0``, at step ``round((1 - x) * (T - 1))`` (x clipped to 1): larger inputs fire earlier,
     ``x = 1`` at step 0; ``x <= 0`` never fires."""
-    x = torch.as_tensor(x)
+    x = _tensor(x)
     x = x.to(torch.get_default_dtype() if not x.is_floating_point() else x.dtype)
     T = _steps(T)
     when = torch.round((1 - x.clamp(max=1)) * (T - 1))
@@ -38,7 +43,7 @@ def latency(x: torch.Tensor, T: int) -> torch.Tensor:
 def delta(seq: torch.Tensor, threshold: float) -> torch.Tensor:
     """Delta modulation of a ``[T, ...]`` sequence: 1 at step t where ``seq[t] - seq[t - 1] >= threshold``
     (``seq[-1]`` taken as 0, so a first value at or above the threshold fires), else 0."""
-    seq = torch.as_tensor(seq)
+    seq = _tensor(seq)
     if seq.dim() < 1:
         raise ValueError("delta needs a sequence [T, ...], not a scalar")
     seq = seq.to(torch.get_default_dtype() if not seq.is_floating_point() else seq.dtype)

@@ -44,7 +44,7 @@ outputs: [y]
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_values_match_torch_over_the_whole_range(name, dtype, rtol, backend):
     fn, args = FUNCTIONS[name]
-    x = torch.tensor(args, dtype=dtype, device="cpu")[None]  # [T=1, N]
+    x = torch.tensor(args, dtype=dtype)[None]  # [T=1, N], on the default device (the GPU on a GPU machine)
     y = flexsn_dsl.loads(spec(name), backend=backend).to(dtype)(x)
     want = fn(x)
     small = want.abs() < 1e-300  # (denormal results: absolute)
@@ -57,9 +57,9 @@ def test_values_match_torch_over_the_whole_range(name, dtype, rtol, backend):
 def test_gradients_are_the_exact_derivatives(name, backend):
     fn, args = FUNCTIONS[name]
     finite = [a for a in args if math.isfinite(a) and abs(a) < 20 and a > -0.99]
-    x = torch.tensor(finite, dtype=torch.float64, device="cpu").repeat(3, 1).requires_grad_()  # [T=3, N]
+    x = torch.tensor(finite, dtype=torch.float64).repeat(3, 1).requires_grad_()  # [T=3, N]
     m = flexsn_dsl.loads(spec(name), backend=backend).double()
-    weights = torch.linspace(0.5, 1.5, x.numel(), dtype=torch.float64, device="cpu").reshape(x.shape)
+    weights = torch.linspace(0.5, 1.5, x.numel(), dtype=torch.float64).reshape(x.shape)
     (grad,) = torch.autograd.grad((m(x) * weights).sum(), x)
     x_ref = x.detach().clone().requires_grad_()
     (want,) = torch.autograd.grad((fn(x_ref) * weights).sum(), x_ref)

@@ -76,6 +76,11 @@ def test_encoders_refuse_bad_arguments(call):
 
 # -- Monitor ---------------------------------------------------------------------------------
 
+def _rand(*shape: int, seed: int = 1) -> torch.Tensor:
+    """Drawn on the CPU (the same numbers on any machine), on the default device (the GPU on a GPU machine)."""
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed), device="cpu").to(torch.get_default_device())
+
+
 def _net(backend: str = "torch") -> torch.nn.Sequential:
     torch.manual_seed(0)
     with torch.device("cpu"):
@@ -83,13 +88,13 @@ def _net(backend: str = "torch") -> torch.nn.Sequential:
                                   torch.nn.Linear(6, 4), flexsn_dsl.load(ROOT / "neurons" / "alif.yaml", backend=backend))
     with torch.no_grad():
         net[2].weight.abs_().mul_(4)  # excitatory: the second layer spikes too
-    return net
+    return net.to(torch.get_default_device())
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_monitor_records_outputs_and_states_as_direct_calls_give_them(backend):
     net = _net(backend)
-    x = torch.rand(12, 2, 3, generator=torch.Generator().manual_seed(1), device="cpu") * 4
+    x = _rand(12, 2, 3) * 4
     with flexsn_dsl.Monitor(net) as mon:
         y = net(x)
     flexsn_dsl.reset_net(net)
@@ -109,7 +114,7 @@ def test_monitor_records_outputs_and_states_as_direct_calls_give_them(backend):
 def test_monitor_leaves_no_trace_outside_and_restores_after_an_exception():
     net = _net()
     before = [(m.store_state_seqs, len(m._forward_hooks)) for m in (net[1], net[3])]
-    x = torch.rand(5, 1, 3, device="cpu") * 4
+    x = _rand(5, 1, 3) * 4
     with pytest.raises(RuntimeError, match="boom"):
         with flexsn_dsl.Monitor(net) as mon:
             net(x)
@@ -140,7 +145,7 @@ def test_monitor_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")  # the plot extra
     net = _net()
     with flexsn_dsl.Monitor(net) as mon:
-        net(torch.rand(6, 2, 3, device="cpu") * 4)
+        net(_rand(6, 2, 3) * 4)
     mon.plot(tmp_path / "net.png")
     assert (tmp_path / "net.png").read_bytes().startswith(PNG_MAGIC)
     with pytest.raises(ValueError, match="nothing was recorded"):
@@ -153,7 +158,7 @@ def test_summary_has_a_row_per_neuron_layer_with_its_rate():
     net = _net()
     with torch.device("cpu"):
         net.append(flexsn_dsl.load(ROOT / "neurons" / "lif_hetero.yaml", backend="torch", sizes={"N": 4}))
-    x = torch.rand(10, 2, 3, generator=torch.Generator().manual_seed(2), device="cpu") * 4
+    x = _rand(10, 2, 3, seed=2) * 4
     text = flexsn_dsl.summary(net, x)
     assert all(not m.states for m in (net[1], net[3], net[4]))  # reset after the sample
     with torch.no_grad():

@@ -64,7 +64,7 @@ def test_load_state_dict_refuses_a_bad_value_and_changes_nothing(bad):
 def _counting_loop(x: torch.Tensor, n: int) -> torch.Tensor:
     """lif_refractory's spikes for a strong constant drive, in float64: a spike every n steps
     (it fires at once when active, and refractory lasts n steps)."""
-    spikes = torch.zeros_like(x, dtype=torch.float64)
+    spikes = torch.zeros_like(x, dtype=torch.float64, device="cpu")
     spikes[::n] = 1
     return spikes
 
@@ -72,26 +72,26 @@ def _counting_loop(x: torch.Tensor, n: int) -> torch.Tensor:
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_a_bf16_refractory_counter_counts_past_256_steps(backend):
     m = flexsn_dsl.load(LIF_REF, backend=backend, params={"t_ref": 300.0})
-    x = torch.full((700, 2), 5.0, dtype=torch.bfloat16, device="cpu")
+    x = torch.full((700, 2), 5.0, dtype=torch.bfloat16)  # on the default device (the GPU on a GPU machine)
     s, _ = m(x)
     assert s.dtype == torch.bfloat16 and m.states["refractory"].dtype == torch.bfloat16
-    torch.testing.assert_close(s.double(), _counting_loop(x, 300), rtol=0, atol=0)
+    torch.testing.assert_close(s.double().cpu(), _counting_loop(x, 300), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_float16_inputs_near_the_top_of_their_range_stay_finite(backend):
     m = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", backend=backend)
-    x = torch.full((5, 2), 6.0e4, dtype=torch.float16, device="cpu")
+    x = torch.full((5, 2), 6.0e4, dtype=torch.float16)
     s = m(x)
     ref = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", backend="torch")(x.float())
-    assert torch.isfinite(m.states["v"]).all() and torch.equal(s.float(), ref)
+    assert torch.isfinite(m.states["v"]).all() and torch.equal(s.float().cpu(), ref.cpu())
     assert s.sum() > 0
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_zero_steps_alike_on_both_backends(backend):
     m = flexsn_dsl.load(ROOT / "neurons" / "lif_refractory.yaml", backend=backend, store_state_seqs=True)
-    x = torch.zeros(0, 3, device="cpu", requires_grad=True)
+    x = torch.zeros(0, 3, requires_grad=True)
     s, v = m(x)
     assert s.shape == v.shape == (0, 3) and s.dtype == torch.float32
     assert s.requires_grad and s.grad_fn is not None  # in the graph, as any output
@@ -99,7 +99,7 @@ def test_zero_steps_alike_on_both_backends(backend):
     assert all(t.requires_grad for t in m.states.values())
     (g,) = torch.autograd.grad(s.sum() + m.states["v"].sum(), x)
     assert g.shape == (0, 3)
-    assert torch.equal(m.states["v"].detach(), torch.zeros(3))  # the states as they were: the initial ones
+    assert torch.equal(m.states["v"].detach().cpu(), torch.zeros(3, device="cpu"))  # as they were: the initial ones
 
 
 @pytest.mark.parametrize("argv, message", [

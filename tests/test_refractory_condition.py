@@ -47,9 +47,9 @@ def loop(x: torch.Tensor, v: torch.Tensor, w: torch.Tensor, r: torch.Tensor):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_refractory_while_the_condition_holds(backend):
     g = torch.Generator().manual_seed(5)
-    x = torch.rand(120, 4, generator=g, dtype=torch.float64, device="cpu") * 3.0
+    x = (torch.rand(120, 4, generator=g, dtype=torch.float64, device="cpu") * 3.0).to(torch.get_default_device())
     m = flexsn_dsl.loads(SPEC, backend=backend, store_state_seqs=True).double()
-    zeros = torch.zeros(4, dtype=torch.float64, device="cpu")
+    zeros = torch.zeros(4, dtype=torch.float64)
     s_ref, v_ref, carried = loop(x[:60], zeros, zeros, zeros)
     s, v = m(x[:60])
     s2_ref, v2_ref, _ = loop(x[60:], *carried)

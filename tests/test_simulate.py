@@ -188,14 +188,13 @@ def test_cli_simulates_every_zoo_spec(spec, capsys):
     assert main(["simulate", str(spec), "--steps", "40", "--input", "1.5", *(f"--size={k}={v}" for k, v in
                                                                                SIZES.items())]) == 0
     out = capsys.readouterr().out
-    torch.manual_seed(0)
-    with torch.device("cpu"):
-        m = flexsn_dsl.load(spec, backend="torch", sizes=SIZES)
-        shaped = [tuple(p.shape[-1:]) if n.endswith("_weight") else tuple(p.shape) for n, p in m.named_parameters()
-                  if p.dim() > 0]
-        step = torch.broadcast_shapes(*shaped) if shaped else (1,)
-        xs = [torch.full((40, *step), 1.5 if i == 0 else 0.0) for i in range(len(m.spec.inputs))]
-        outs = m(*xs)
+    torch.manual_seed(0)  # the module where the CLI's is (the default device), drawing the same weights
+    m = flexsn_dsl.load(spec, backend="torch", sizes=SIZES)
+    shaped = [tuple(p.shape[-1:]) if n.endswith("_weight") else tuple(p.shape) for n, p in m.named_parameters()
+              if p.dim() > 0]
+    step = torch.broadcast_shapes(*shaped) if shaped else (1,)
+    xs = [torch.full((40, *step), 1.5 if i == 0 else 0.0) for i in range(len(m.spec.inputs))]
+    outs = m(*xs)
     outs = outs if isinstance(outs, tuple) else (outs,)
     names = [name for name, _ in m.spec.outputs]
     spike = next(name for name in names if name.startswith("s"))  # the zoo names spike outputs s, s1 or spk
@@ -213,7 +212,7 @@ def test_simulate_a_shaped_spec_one_neuron_per_element():
     x = torch.full((60, 3), 1.3, dtype=torch.float64, device="cpu")
     sim = flexsn_dsl.simulate(m, x)
     dt = float(m.dt)
-    v, vs = torch.zeros(3, dtype=torch.float64), []
+    v, vs = torch.zeros(3, dtype=torch.float64, device="cpu"), []
     for xt in x:  # tau dv/dt = -v + x, integrated exactly over dt; threshold 1, reset to 0
         v = xt + (v - xt) * torch.exp(-dt / taus)
         v = torch.where(v >= float(m.v_th), torch.zeros_like(v), v)
