@@ -40,8 +40,8 @@ MAX_CACHE_FILE = 64 << 20  # bytes: a bigger file in the cache is not one this p
 
 
 def _package_sources(root: Path) -> list[tuple[str, bytes]]:
-    """Every source file of the package: the code generator is all of them."""
-    return [(p.name, p.read_bytes()) for p in sorted(root.glob("*.py"))]
+    """Every source file of the package, its subpackages' too: the code generator is all of them."""
+    return [(p.relative_to(root).as_posix(), p.read_bytes()) for p in sorted(root.rglob("*.py"))]
 
 
 def generator_fingerprint(root: Path = Path(__file__).parent) -> str:

@@ -108,6 +108,9 @@ def test_the_package_has_no_import_cycles():
     assert "runtime" in graph[INIT] and "compiler" in graph["triton_runtime"]
     assert {"nir.read", "nir.write", "nir.match", "nir.kinds"} <= graph["nir"] and "runtime" in graph["nir.read"]
     assert "nir.read" in graph["nir.write"] and "nir" in graph["cli"]
+    assert {"model.build", "model.language", "model.neuron", "model.values"} <= graph["model"]
+    assert {"model.context", "model.declarations", "model.equations", "model.steps"} <= graph["model.build"]
+    assert "model.context" in graph["model.equations"] and "model" in graph["compiler"] and "model" in graph["nir.kinds"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

@@ -50,6 +50,7 @@ def test_the_wheel_ships_license_py_typed_and_the_marker(tmp_path):
         names = zf.namelist()
         assert "flexsn_dsl/py.typed" in names
         assert "flexsn_dsl/simulation.py" in names
+        assert {"flexsn_dsl/model/__init__.py", "flexsn_dsl/model/build.py", "flexsn_dsl/nir/read.py"} <= set(names)
         assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     triton = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: triton")]

@@ -351,7 +351,7 @@ def test_plugin_surrogate_default_change_gives_a_new_kernel(jail, monkeypatch, e
     clear_cache()
 
 
-@pytest.mark.parametrize("module", ["expressions.py", "model.py", "plugins.py", "runtime.py", "literals.py"])
+@pytest.mark.parametrize("module", ["expressions.py", "model/equations.py", "nir/kinds.py", "plugins.py", "runtime.py", "literals.py"])
 def test_package_source_change_gives_a_new_key(tmp_path, monkeypatch, module):
     package = Path(compiler.__file__).parent
     copy = tmp_path / "flexsn_dsl"
