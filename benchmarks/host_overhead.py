@@ -2,12 +2,15 @@
 
 Each piece is timed on the host only (perf_counter around the call, no waiting for the GPU
 except every 20 calls; medians of 200 calls after warm-up): what Python, autograd and the
-launchers cost while the GPU runs behind. Usage: python benchmarks/host_overhead.py [spec [T n]]
+launchers cost while the GPU runs behind. ``--profile``: instead, ``torch.profiler``'s table of 10 training
+calls (where their CPU time goes, and the kernels' GPU time).
+
+Usage: python benchmarks/host_overhead.py [spec [T n]] [--profile]
 """
 from __future__ import annotations
 
+import argparse
 import gc
-import sys
 
 import torch
 
@@ -30,9 +33,14 @@ class Identity(torch.autograd.Function):
         return grad
 
 
-spec = sys.argv[1] if len(sys.argv) > 1 else "neurons/lif.yaml"
-m = flexsn_dsl.load(spec, backend="triton").cuda()
-T, n = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (8, 4 << 20)
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("spec", nargs="?", default="neurons/lif.yaml")
+parser.add_argument("T", nargs="?", type=int, default=8)
+parser.add_argument("n", nargs="?", type=int, default=4 << 20)
+parser.add_argument("--profile", action="store_true", help="print torch.profiler's table of training calls instead")
+args = parser.parse_args()
+m = flexsn_dsl.load(args.spec, backend="triton").cuda()
+T, n = args.T, args.n
 x = torch.rand(T, n, device="cuda", requires_grad=True)
 g = torch.randn_like(x)
 k = tr._kernels(m._compiled, "cuda")
@@ -75,6 +83,10 @@ def training_backward_call():
     m(x).backward(g)
 
 
+if args.profile:
+    from network import profile_step  # (benchmarks/ is on sys.path when run)
+    profile_step(training, "cuda")
+    raise SystemExit(0)
 rows = {
     "launch forward kernel": lambda: plan.launch("forward_final_state", fwd_args, plan.const_init),
     "launch backward kernel": lambda: plan.launch("backward", bwd_args, plan.backward_flags[False, False, False]),

@@ -26,13 +26,17 @@ and the cost over ReLU twice: the difference of the medians, and the median of t
 (paired: a host whose speed drifts between rounds moves both sides of a pair alike).
 
 Usage: ``python benchmarks/network.py --net vgg shd [--rounds 3] [--json FILE]``;
-``--device cpu --quick`` runs tiny shapes on the CPU (a smoke test, no GPU numbers).
+``--device cpu --quick`` runs tiny shapes on the CPU (a smoke test, no GPU numbers); ``--profile [cprofile]``
+prints where each step's host time goes instead of timing (``torch.profiler``'s operators, or cProfile's
+Python functions).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import math
+import pstats
 import statistics
 import sys
 import time
@@ -198,17 +202,30 @@ def gpu_ms_per_step(step, steps: int = 5) -> float:
     return total_us / 1e3 / steps
 
 
-def profile_step(step, device: str, steps: int = 10, rows: int = 25) -> None:
-    """The profiler's table of one step's host (CPU) time, by self time."""
-    from torch.profiler import ProfilerActivity, profile
+def profile_step(step, device: str, how: str = "torch", steps: int = 10, rows: int = 25) -> None:
+    """Where the host time of a step goes, by self time: ``torch.profiler``'s table of operators, or with
+    ``how="cprofile"`` cProfile's table of Python functions."""
     for _ in range(3):
         step()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    if how == "cprofile":
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            step()
+        sync()
+        profiler.disable()
+        stats = pstats.Stats(profiler).sort_stats("tottime")
+        print(f"total {stats.total_tt / steps * 1e3:.3f} ms/step (profiled)")
+        stats.print_stats(rows)
+        return
+    from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70))
 
 
@@ -322,8 +339,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     p.add_argument("--compile-peers", action="store_true", help="also torch.compile the SpikingJelly and loop networks")
     p.add_argument("--json", type=Path, help="write the rows as JSON")
-    p.add_argument("--profile", action="store_true",
-                   help="instead of timing, print where the host time of each (net, variant, column) step goes")
+    p.add_argument("--profile", nargs="?", const="torch", choices=("torch", "cprofile"),
+                   help="instead of timing, print where the host time of each (net, variant, column) step goes: "
+                        "torch.profiler's operators (the default) or cProfile's Python functions")
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -334,7 +352,7 @@ def main(argv=None) -> int:
                     why = skip_reason(net, variant, column, a.device, a.compile_peers)
                     print(f"== {net} {variant} {column}" + (f": skipped, {why}" if why else ""))
                     if not why:
-                        profile_step(make_step(net, variant, column, a.device, a.quick), a.device)
+                        profile_step(make_step(net, variant, column, a.device, a.quick), a.device, a.profile)
         return 0
     rows = run(a.net, a.variants, a.columns, a.rounds, a.device, a.quick, a.compile_peers)
     if a.json:

@@ -206,9 +206,20 @@ def test_the_readme_tutorial_trains_visibly(monkeypatch, capsys):
 
 
 def test_the_readme_links_resolve():
-    for path in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+    for path in [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted(DOCS.glob("*.md"))]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
             assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+
+
+def test_benchmarks_readme_lists_every_script_and_results_are_data():
+    """benchmarks/README.md has a row for every script in benchmarks/; benchmarks/results/ holds only data named
+    <device>-<what>-<YYYY-MM-DD>[-<label>].{log,json,jsonl}."""
+    bench = ROOT / "benchmarks"
+    readme = (bench / "README.md").read_text()
+    scripts = sorted(p.name for p in bench.iterdir() if p.suffix in (".py", ".sh"))
+    assert scripts and [s for s in scripts if f"]({s})" not in readme] == []
+    name = re.compile(r"[a-z0-9]+-[a-z0-9-]+-\d{4}-\d{2}-\d{2}(-[a-z0-9-]+)?\.(log|json|jsonl)")
+    assert [p.name for p in (bench / "results").iterdir() if not name.fullmatch(p.name)] == []
 
 
 if __name__ == "__main__":
