@@ -179,3 +179,26 @@ def test_hodgkin_huxley_exponential_euler(backend):
     assert (above.sum(0) > 2 * raster.sum(0)).all()  # an action potential stays above 0 for several steps
     ours, seqs = _ours((ROOT / "neurons" / "hh.yaml").read_text(), x, backend, ["s", "V"])
     _compare(ours, seqs, raster, traces, ["V", "m", "h", "n"])
+
+
+ML_B2 = """
+dV/dt = (I - g_L * (V - V_L) - g_Ca * m_inf * (V - V_Ca) - g_K * w * (V - V_K)) / (C * ms) : 1
+dw/dt = phi * (w_inf - w) * cosh((V - V3) / (2 * V4)) / ms : 1
+m_inf = 0.5 * (1 + tanh((V - V1) / V2)) : 1
+w_inf = 0.5 * (1 + tanh((V - V3) / V4)) : 1
+I = I_in(t, i) : 1 (constant over dt)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_morris_lecar_with_a_crossing_threshold(backend):
+    """The zoo's morris_lecar (cosh in its gating time constant), refractory while V >= 0 after a spike: one spike
+    per action potential, as Brian2's refractory='V >= 0'."""
+    x = _inputs(1500, 3, 80.0, 220.0, 6)
+    ns = dict(C=20.0, g_L=2.0, V_L=-60.0, g_Ca=4.4, V_Ca=120.0, g_K=8.0, V_K=-84.0, V1=-1.2, V2=18.0, V3=2.0,
+              V4=30.0, phi=0.04)
+    raster, traces = _brian(ML_B2, x, 0.1, "rk4", {"V": -60.0, "w": 0.0149}, ["V", "w"],
+                            threshold="V >= 0", refractory="V >= 0", namespace=ns)
+    ours, seqs = _ours((ROOT / "neurons" / "morris_lecar.yaml").read_text(), x, backend, ["s", "V"])
+    _compare(ours, seqs, raster, traces, ["V", "w"])
+    assert ((traces["V"] >= 0).sum(0) > 3 * raster.sum(0)).all()  # each action potential lasts many steps

@@ -45,6 +45,8 @@ RECORDED = {
     "izhikevich_ct": (("I", "v", "u"), ("v__k", "u__k", "v__int", "s__u", "s")),
     "hh": (("I", "V", "m", "h", "n", "refractory__start"),  # (the flag of its refractory condition)
            ("V__A", "m__A", "h__A", "n__A", "V__next", "s")),
+    "morris_lecar": (("I", "V", "w", "refractory__start"),
+                     ("V__k1", "w__k1", "V__k2", "w__k2", "V__k3", "w__k3", "V__k4", "V__next", "s")),
     "rlif": (("h",), ("s__u", "s")),
 }
 

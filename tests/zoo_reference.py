@@ -468,6 +468,26 @@ def _step_hh(i, st, p):
     return {"s": s, "V": V_new}, {"V": V_new, **gates, "refractory": r_new}
 
 
+# --- morris_lecar: Morris-Lecar (Rinzel & Ermentrout's Hopf set), classical Runge-Kutta ----
+def _step_morris_lecar(i, st, p):
+    def rhs(V, w):
+        m_inf = 0.5 * (1 + torch.tanh((V - p["V1"]) / p["V2"]))
+        w_inf = 0.5 * (1 + torch.tanh((V - p["V3"]) / p["V4"]))
+        dV = (i["I"] - p["g_L"] * (V - p["V_L"]) - p["g_Ca"] * m_inf * (V - p["V_Ca"]) - p["g_K"] * w * (V - p["V_K"]))
+        return dV / p["C"], p["phi"] * (w_inf - w) * torch.cosh((V - p["V3"]) / (2 * p["V4"]))
+    V, w, r, h = st["V"], st["w"], st["refractory"], p["dt"]
+    k1 = rhs(V, w)
+    k2 = rhs(V + h / 2 * k1[0], w + h / 2 * k1[1])
+    k3 = rhs(V + h / 2 * k2[0], w + h / 2 * k2[1])
+    k4 = rhs(V + h * k3[0], w + h * k3[1])
+    V_new = V + h / 6 * (k1[0] + 2 * k2[0] + 2 * k3[0] + k4[0])
+    w_new = w + h / 6 * (k1[1] + 2 * k2[1] + 2 * k3[1] + k4[1])
+    r = torch.where(V >= p["V_spike"], r, torch.zeros_like(r))  # refractory while V (at the start) stays above
+    s = spike(V_new - p["V_spike"], "sigmoid", alpha=0.5) * (r <= 0).to(V.dtype)
+    return {"s": s, "V": V_new}, {"V": V_new, "w": w_new, "refractory": torch.where(s.detach() > 0,
+                                                                                    torch.ones_like(r), r)}
+
+
 def _const(v: float) -> Callable[[Params], float]:
     return lambda p: v
 
@@ -669,6 +689,15 @@ _add(Reference(
     input_ranges={"I": (0.0, 300.0)},
 ))
 
+_add(Reference(
+    name="morris_lecar", model="Morris-Lecar 1981 (Rinzel & Ermentrout's parameters), classical Runge-Kutta",
+    inputs=("I",), state_init={"V": _const(-60.0), "w": _const(0.0149), "refractory": _const(0.0)},
+    outputs=("s", "V"), spike_outputs=("s",),
+    params={"C": 20.0, "g_L": 2.0, "V_L": -60.0, "g_Ca": 4.4, "V_Ca": 120.0, "g_K": 8.0, "V_K": -84.0, "V1": -1.2,
+            "V2": 18.0, "V3": 2.0, "V4": 30.0, "phi": 0.04, "V_spike": 0.0, "dt": 0.1},
+    learnable=(), surrogate="sigmoid(alpha=0.5)", step=_step_morris_lecar,
+    input_ranges={"I": (800.0, 3000.0)},  # (a spike within the test's few steps of 0.1 ms)
+))
 
 # --------------------------------------------------------------------------
 # Running a sequence
