@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from .console import (UsageError, add_spec_options, at_least, escaped_output, parse_params, parse_sizes,
                       refuse_overwriting_inputs, table)
-from .errors import MissingDependency, NIRError, SpecError, SpecWarning, printable
+from .errors import MissingDependency, NIRError, ShapeError, SpecError, SpecWarning, printable
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "info", "module",
@@ -501,7 +501,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except SpecError as exc:
         print(exc.format(), file=sys.stderr)
         return 1
-    except MissingDependency as exc:
+    except (MissingDependency, ShapeError) as exc:  # (a ShapeError: sizes given that do not fit)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except UsageError as exc:

@@ -156,8 +156,7 @@ def test_monitor_plot_writes_a_png(tmp_path):
 
 def test_summary_has_a_row_per_neuron_layer_with_its_rate():
     net = _net()
-    with torch.device("cpu"):
-        net.append(flexsn_dsl.load(ROOT / "neurons" / "lif_hetero.yaml", backend="torch", sizes={"N": 4}))
+    net.append(flexsn_dsl.load(ROOT / "neurons" / "lif_hetero.yaml", backend="torch", sizes={"N": 4}))
     x = _rand(10, 2, 3, seed=2) * 4
     text = flexsn_dsl.summary(net, x)
     assert all(not m.states for m in (net[1], net[3], net[4]))  # reset after the sample

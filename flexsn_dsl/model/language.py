@@ -42,5 +42,5 @@ SHADOWED_MODULES = frozenset({
 })
 MAX_SPEC_TERMS = 20_000  # syntax-tree nodes over all expressions of a spec (bounds the time sympy takes)
 SIZE_NAME = re.compile(r"[A-Z][A-Za-z0-9_]*")  # a size in `shape`: C, N, H_out
-MAX_REFRACTORY_STEPS = 2 ** 31 - 1  # a refractory period counts whole steps in a float32 counter
+MAX_REFRACTORY_STEPS = 2 ** 24  # a refractory period counts whole steps in a float32 counter: exact up to 2**24
 DT_HINT = "write dt: 0.5 (a number of time units, not learnable)"
