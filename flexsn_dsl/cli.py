@@ -217,17 +217,19 @@ def _drive(item: str, names: list[str]) -> tuple[str, object]:
     if name not in names:
         raise SpecError(f"--input {item!r}: the neuron has no input {name!r}", hint=f"its inputs are {names}")
     try:
-        return name, float(value)
+        drive = float(value)
     except ValueError:
-        pass
-    if not value.endswith(".npy"):
-        raise SpecError(f"--input {item!r} is not a number or a .npy file",
-                        hint="e.g. --input 1.5, --input x=1.5 or --input drive.npy (shape [T] or [T, N])")
-    try:
-        return name, np.load(value, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"--input {item!r}: cannot read {value}: {exc}",
-                        hint="give a .npy file written by numpy.save, of shape [T] or [T, N]") from None
+        if not value.endswith(".npy"):
+            raise SpecError(f"--input {item!r} is not a number or a .npy file",
+                            hint="e.g. --input 1.5, --input x=1.5 or --input drive.npy (shape [T] or [T, N])") from None
+        try:
+            drive = np.load(value, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"--input {item!r}: cannot read {printable(value)}: {exc}",
+                            hint="give a .npy file written by numpy.save, of shape [T] or [T, N]") from None
+    if np.asarray(drive).dtype.kind not in "biuf" or not np.isfinite(drive).all():
+        raise SpecError(f"--input {item!r} holds a value that is not a finite real number", hint="give finite numbers")
+    return name, drive
 
 
 def cmd_simulate(args) -> int:

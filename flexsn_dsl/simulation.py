@@ -141,6 +141,9 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     ``[C, 1, 1]``) simulates that many neurons, one per element, and its traces are ``[T, N]`` too.
     It runs, and its traces are, on the CPU for a spec file and on the module's device for a module.
     """
+    for what, value in (("steps", steps), ("neurons", neurons)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{what}={value!r}: give a whole number of at least 1")
     if isinstance(spec, FlexSN):
         if params or sizes:
             raise ValueError("params= and sizes= apply to spec files: load the module with them instead")

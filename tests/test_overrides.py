@@ -125,3 +125,20 @@ def test_bad_option_values_are_one_line_errors_before_any_work(argv, message, ca
     assert out == "" and err.count("\n") == 1 and message in err, err
     assert err.startswith(f"flexsn-dsl {argv[0]}: error: ")
     assert spec.read_bytes() == (ROOT / "neurons" / "lif.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"steps": -5}, {"neurons": 0}, {"neurons": -1}, {"steps": 2.5}])
+def test_simulate_refuses_counts_below_one(kwargs):
+    with pytest.raises(ValueError, match=r"give a whole number of at least 1"):
+        flexsn_dsl.simulate(ROOT / "neurons" / "lif.yaml", 1.0, **kwargs)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_drive_must_be_finite(value, tmp_path, capsys):
+    import numpy as np
+    np.save(tmp_path / "drive.npy", np.array([1.0, float(value), 0.5]))
+    for drive in (value, f"x={tmp_path / 'drive.npy'}"):
+        assert main(["simulate", str(ROOT / "neurons" / "lif.yaml"), f"--input={drive}"]) == 1
+        err = capsys.readouterr().err
+        assert "holds a value that is not a finite real number" in err and "internal error" not in err
+
