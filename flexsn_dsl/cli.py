@@ -368,10 +368,14 @@ def cmd_nir(args) -> int:
         print(net)
         (_, node), = graph.inputs.items() if len(graph.inputs) == 1 else (("", None),)
         if node is not None and args.steps:
+            import numpy as np
             import torch
-            shape = [int(n) for n in node.input_type["input"]]
+            shape = np.asarray(node.input_type["input"]).reshape(-1)
+            if shape.dtype.kind not in "iu" or np.any(shape < 1) or args.steps * np.prod(shape, dtype=float) > 2 ** 27:
+                raise NIRError(f"the Input node's shape {shape.tolist()[:8]} times --steps {args.steps} is not a run of "
+                               f"at most {2 ** 27} positive values: give --steps 0 (build only), or fewer steps")
             with torch.no_grad():
-                out = net(torch.zeros(args.steps, 1, *shape))
+                out = net(torch.zeros(args.steps, 1, *(int(n) for n in shape)))
             print(f"ran {args.steps} steps of zero input: output shape {list(out.shape)}, "
                   f"{float(out.sum()):g} summed")
         return 0

@@ -234,3 +234,20 @@ def test_to_nir_refuses_neurons_nir_cannot_hold_in_one_line(spec, message):
         with pytest.raises(NIRError) as info:
             flexsn_dsl.to_nir(net, torch.rand(3, 2, 4), dt=1.0)
     assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
+
+
+def test_a_huge_delay_or_input_is_refused_before_memory_is_taken(tmp_path, capsys):
+    graph = nir.NIRGraph.from_list(nir.Delay(delay=np.array([1.0, 1e9])))
+    with pytest.raises(NIRError, match=r"^node 'delay': a delay of 1e\+09 steps of dt=1.0, more than the 1048576"):
+        flexsn_dsl.from_nir(graph, dt=1.0)
+    path = tmp_path / "wide.nir"
+    nir.write(path, nir.NIRGraph(nodes={"input": nir.Input(np.array([4])), "output": nir.Output(np.array([4]))},
+                                 edges=[("input", "output")]))
+    with h5py.File(path, "r+") as f:
+        for end in ("input", "output"):  # it claims 2**40 values a step
+            del f[f"node/nodes/{end}/shape"]
+            f[f"node/nodes/{end}/shape"] = np.array([1 << 20, 1 << 20])
+    assert main(["nir", "import", str(path), "--dt", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--steps 0 (build only)" in err and err.count("\n") == 1, err
+

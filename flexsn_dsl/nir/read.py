@@ -22,6 +22,7 @@ from .kinds import NEURONS, _nir, neuron_spec
 # -- values: every element of every field checked ---------------------------------------------
 POSITIVE = frozenset({"tau", "tau_syn", "tau_mem"})  # neuron fields that divide: each element must be > 0
 MAX_NESTING = 32  # graphs inside graphs
+MAX_DELAY_STEPS = 1 << 20  # a Delay keeps that many past steps of its input
 
 
 def _array(value: Any, name: str, field: str, positive: bool = False) -> np.ndarray:
@@ -228,6 +229,9 @@ def _pool(node: Any, name: str, summing: bool) -> nn.Module:
 def _delay(node: Any, name: str, dt: float) -> Delay:
     delay = _array(node.delay, name, "delay") / dt
     steps = np.round(delay)
+    if np.any(steps > MAX_DELAY_STEPS):
+        raise NIRError(f"node {name!r}: a delay of {float(steps.max()):g} steps of dt={dt}, more than the "
+                       f"{MAX_DELAY_STEPS} a Delay keeps")
     if np.any(steps < 0) or not np.allclose(delay, steps, rtol=0, atol=1e-6):
         raise NIRError(f"node {name!r}: delays must be non-negative whole multiples of dt={dt}, got "
                        f"{(delay * dt).ravel()[:8].tolist()}")
