@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -127,7 +128,7 @@ def cmd_build(args) -> int:
                 (out / f"{name}_torch.py").write_text(compiled.torch_source)
                 (out / f"{name}.info.json").write_text(json.dumps(compiled.cores.info.to_dict(), indent=2) + "\n")
             except OSError as exc:
-                raise SpecError(f"cannot write to {out}: {exc.strerror or exc}",
+                raise SpecError(f"cannot write to {printable(out)}: {exc.strerror or exc}",
                                 hint="give -o a folder that can be written") from None
             compile(compiled.triton_source, str(kernel_path), "exec")  # the module must at least parse
         except SpecError as exc:
@@ -269,7 +270,8 @@ def cmd_simulate(args) -> int:
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     except OSError as exc:
-        raise SpecError(f"cannot write {exc.filename}: {exc.strerror or exc}", hint="give a path that can be written") \
+        raise SpecError(f"cannot write {printable(exc.filename)}: {exc.strerror or exc}",
+                        hint="give a path that can be written") \
             from None
     for what, path in (("rates" if args.fi else "traces", args.csv), ("plot", args.plot)):
         if path:
@@ -345,6 +347,8 @@ def cmd_nir(args) -> int:
     try:
         if args.nir_command == "import":
             at_least("--steps", args.steps, 0)
+        if getattr(args, "dt", None) is not None and not (math.isfinite(args.dt) and args.dt >= sys.float_info.min):
+            raise UsageError(f"--dt {args.dt!r}: give the step length, a positive number")
         if args.nir_command == "export":
             refuse_overwriting_inputs({"-o/--out": args.out}, [args.spec, *args.plugin])
         nir = nir_module._nir()
@@ -374,8 +378,12 @@ def cmd_nir(args) -> int:
             if shape.dtype.kind not in "iu" or np.any(shape < 1) or args.steps * np.prod(shape, dtype=float) > 2 ** 27:
                 raise NIRError(f"the Input node's shape {shape.tolist()[:8]} times --steps {args.steps} is not a run of "
                                f"at most {2 ** 27} positive values: give --steps 0 (build only), or fewer steps")
-            with torch.no_grad():
-                out = net(torch.zeros(args.steps, 1, *(int(n) for n in shape)))
+            try:
+                with torch.no_grad():
+                    out = net(torch.zeros(args.steps, 1, *(int(n) for n in shape)))
+            except (RuntimeError, MemoryError) as exc:  # (what the network makes of the input does not fit)
+                raise NIRError(f"running {args.steps} steps of zero input failed: {str(exc).splitlines()[0]}; give "
+                               "--steps 0 (build only), or fewer steps") from None
             print(f"ran {args.steps} steps of zero input: output shape {list(out.shape)}, "
                   f"{float(out.sum()):g} summed")
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Tuple, Union
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from .console import table
 from .runtime import FlexSN, reset_net
 from .simulation import MAX_TRACED, figure, spike_output
 
-Recorded = "torch.Tensor | tuple[torch.Tensor, ...]"
+Recorded = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
 
 
 def neuron_layers(net: nn.Module) -> dict[str, FlexSN]:
@@ -30,7 +31,8 @@ class Monitor:
     ``net.named_modules()``), what it returned (``mon.outputs[name]``: ``[T, ...]``, a tuple for
     several outputs) and each state's sequence (``mon.states[name][state]``: ``[T, ...]``), detached.
     Calls pile up along time: a single-step call (``step_mode="s"``) adds one step, a multi-step
-    call its T steps; :meth:`clear` empties the records. Outside the ``with`` block nothing is
+    call its T steps (a module used twice in one forward records both calls, one after the other);
+    :meth:`clear` empties the records. Outside the ``with`` block nothing is
     recorded and the modules are exactly as before (hooks removed, ``store_state_seqs`` restored),
     also after an exception. A recurrent layer on the Triton backend records no states (its kernel
     does not store them): load it with ``backend="torch"`` to see them."""
@@ -44,19 +46,25 @@ class Monitor:
         self._hooks: list = []
 
     def __enter__(self) -> Monitor:
+        if self._hooks:
+            raise RuntimeError("this Monitor is already recording: leave its `with` block first")
         self._layers = neuron_layers(self.net)
-        for name, m in self._layers.items():
-            self._saved[name] = m.store_state_seqs
-            m.store_state_seqs = True
-            self._hooks.append(m.register_forward_hook(self._recorder(name)))
+        try:
+            for name, m in self._layers.items():
+                self._saved[name] = m.store_state_seqs
+                m.store_state_seqs = True
+                self._hooks.append(m.register_forward_hook(self._recorder(name)))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        for name, m in self._layers.items():
-            m.store_state_seqs = self._saved[name]
+        for name, saved in self._saved.items():
+            self._layers[name].store_state_seqs = saved
         self._saved.clear()
 
     def _recorder(self, name: str):

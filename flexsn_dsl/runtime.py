@@ -217,14 +217,17 @@ class FlexSN(nn.Module):
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        before = {n: self._buffers[n].clone() for n in self._constants}
+        before = {n: t.detach().clone() for n, t in itertools.chain(self.named_parameters(recurse=False),
+                                                                       self.named_buffers(recurse=False))}
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         if any(float(self._buffers[n]) != self._compiled.values[n] for n in self._constants):
             try:
                 self.specialize()  # the new values pass the spec's checks, or nothing changes
             except SpecError as exc:
-                for name, value in before.items():
-                    self._buffers[name].copy_(value)
+                with torch.no_grad():
+                    for name, tensor in itertools.chain(self.named_parameters(recurse=False),
+                                                        self.named_buffers(recurse=False)):
+                        tensor.copy_(before[name])
                 raise SpecError(f"load_state_dict: {exc.message}", exc.pos, exc.hint).with_source(
                     self._compiled.model.text.splitlines()) from None
 

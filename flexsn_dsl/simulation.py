@@ -24,6 +24,7 @@ from .symbolic import Spike
 Drive = Union[float, np.ndarray, torch.Tensor, Sequence[float]]
 DEFAULT_STEPS = 100
 MAX_TRACED = 10  # neurons whose traces a plot draws
+MAX_SWEEP = 100_000  # constant inputs an f-I curve simulates at once
 
 
 @dataclass
@@ -117,11 +118,14 @@ def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtyp
         tensor = tensor[:, None].expand(-1, neurons or 1)
     if tensor.dim() != 2:
         raise ValueError(f"input {name!r} has shape {tuple(tensor.shape)}: give a number, [T] or [T, N]")
+    if tensor.shape[0] == 0:
+        raise ValueError(f"input {name!r} has no steps: give at least one")
     if steps is not None and tensor.shape[0] != steps:
         raise ValueError(f"input {name!r} has {tensor.shape[0]} steps but steps={steps} was asked for: "
                          "leave steps out, or give an input of that length")
     if neurons is not None and tensor.shape[1] != neurons:
-        raise ValueError(f"input {name!r} drives {tensor.shape[1]} neurons but neurons={neurons} was asked for")
+        raise ValueError(f"input {name!r} drives {tensor.shape[1]} neurons but {neurons} are simulated (neurons=, "
+                         "or the number the spec's shaped parameters fix)")
     return tensor.clone()
 
 
@@ -204,10 +208,11 @@ def parse_sweep(text: str) -> np.ndarray:
     parts = text.split(":")
     try:
         lo, hi, k = float(parts[0]), float(parts[1]), int(parts[2])
-        if len(parts) != 3 or k < 1:
+        if len(parts) != 3 or not 1 <= k <= MAX_SWEEP or not (np.isfinite(lo) and np.isfinite(hi)):
             raise ValueError
     except (ValueError, IndexError):
-        raise ValueError(f"{text!r} is not LO:HI:K (K >= 1 values from LO to HI), e.g. 0:2:9") from None
+        raise ValueError(f"{text!r} is not LO:HI:K (1 <= K <= {MAX_SWEEP} values from LO to HI, finite), "
+                         "e.g. 0:2:9") from None
     return np.linspace(lo, hi, k)
 
 

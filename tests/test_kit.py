@@ -185,3 +185,13 @@ def test_repr_shows_parameter_values_and_shapes():
     w = -math.log(3.0 - 1)
     assert f"w=[3, 1, 1] in [{w:.4g}, 0.25] (learnable)" in text
     assert "init_tau=3" in text and "v_th=1" in text and "neuron='plif_channel'" in text
+
+
+def test_a_monitor_is_not_entered_twice():
+    net = _net()
+    mon = flexsn_dsl.Monitor(net)
+    with mon:
+        with pytest.raises(RuntimeError, match="already recording"):
+            mon.__enter__()
+    assert not net[1].store_state_seqs and not net[1]._forward_hooks
+

@@ -85,6 +85,17 @@ def _deep(path: Path, raw: Path, h5: Path) -> None:
         f.create_group("/".join(["g"] * 40))
 
 
+def _wide_elements(path: Path, raw: Path, h5: Path) -> None:  # 64 elements of 8 MiB each, compressed to nothing
+    with h5py.File(path, "r+") as f:
+        del f[WEIGHT]
+        f.create_dataset(WEIGHT, shape=(64,), dtype=np.dtype((np.float64, (1024, 1024))), compression="gzip")
+
+
+def _named_type(path: Path, raw: Path, h5: Path) -> None:
+    with h5py.File(path, "r+") as f:
+        f["node/kind"] = np.dtype("f8")  # a committed datatype
+
+
 def _twice(path: Path, raw: Path, h5: Path) -> None:  # a hard link back up the tree: a walk without end
     with h5py.File(path, "r+") as f:
         f["node/nodes/affine/again"] = f["node"]
@@ -98,6 +109,8 @@ def _twice(path: Path, raw: Path, h5: Path) -> None:  # a hard link back up the 
     (_huge, "declares 268435456 values, more than the 67108864"),
     (_deep, "nested 33 groups deep, more than 32"),
     (_twice, "is linked twice"),
+    (_wide_elements, "elements: NIR arrays hold numbers or text"),
+    (_named_type, "is a Datatype: NIR files hold only groups and datasets"),
 ])
 def test_a_file_that_reaches_beyond_itself_or_grows_without_bound_is_refused(craft, message, tmp_path, capsys):
     path = _file(tmp_path)
@@ -250,4 +263,11 @@ def test_a_huge_delay_or_input_is_refused_before_memory_is_taken(tmp_path, capsy
     assert main(["nir", "import", str(path), "--dt", "1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--steps 0 (build only)" in err and err.count("\n") == 1, err
+
+
+def test_padding_beyond_the_kernel_is_refused():
+    conv = nir.Conv2d(input_shape=(1, 1), weight=np.ones((2, 1, 3, 3)), stride=1, padding=(12000, 12000), dilation=1,
+                      groups=1, bias=np.zeros(2))
+    with pytest.raises(NIRError, match=r"padding \[12000, 12000\] is more than the kernel \[3, 3\]"):
+        flexsn_dsl.from_nir(nir.NIRGraph.from_list(conv, type_check=False), dt=1.0)
 

@@ -52,9 +52,10 @@ def test_load_state_dict_refuses_a_bad_value_and_changes_nothing(bad):
     m.reset()
     state = m.state_dict()
     state["dt"] = torch.tensor(bad, dtype=torch.float64)
+    state["tau"] = torch.tensor(7.0, dtype=torch.float64)  # a good value beside the bad one is not taken either
     with pytest.raises(flexsn_dsl.SpecError, match=r"^.*load_state_dict: `dt`"):
         m.load_state_dict(state)
-    assert float(m.dt) == 1.0
+    assert float(m.dt) == 1.0 and float(m.tau) == 2.0
     assert torch.equal(m(x.to(torch.get_default_device())), before)  # the module works as before
     state["dt"] = torch.tensor(0.5, dtype=torch.float64)
     m.load_state_dict(state)  # a good value is taken
@@ -141,4 +142,42 @@ def test_a_drive_must_be_finite(value, tmp_path, capsys):
         assert main(["simulate", str(ROOT / "neurons" / "lif.yaml"), f"--input={drive}"]) == 1
         err = capsys.readouterr().err
         assert "holds a value that is not a finite real number" in err and "internal error" not in err
+
+
+def test_a_learnable_parameter_is_restored_too_when_a_load_is_refused():
+    m = flexsn_dsl.load(ROOT / "neurons" / "lif_hetero_ct.yaml", backend="torch", sizes={"N": 3})
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    state = m.state_dict()
+    state["tau"] = state["tau"] + 7.0
+    state["dt"] = torch.tensor(-1.0, dtype=torch.float64)
+    with pytest.raises(flexsn_dsl.SpecError, match="load_state_dict: `dt` must be a positive constant"):
+        m.load_state_dict(state)
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "neurons/lif.yaml", "--fi", "nan:1:3"], "is not LO:HI:K"),
+    (["simulate", "neurons/lif.yaml", "--fi", "0:1:1000000000"], "is not LO:HI:K"),
+    (["simulate", "neurons/lif_hetero.yaml", "--size", "N=4", "--fi", "0:2:5"],
+     "drives 5 neurons but 4 are simulated (neurons=, or the number the spec's shaped parameters fix)"),
+])
+def test_simulate_sweeps_are_bounded_and_explained(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and "internal error" not in err, err
+
+
+def test_an_empty_drive_is_refused(tmp_path, capsys):
+    import numpy as np
+    np.save(tmp_path / "empty.npy", np.zeros((0, 2)))
+    assert main(["simulate", str(ROOT / "neurons" / "lif.yaml"), "--input", f"x={tmp_path / 'empty.npy'}"]) == 1
+    assert "input 'x' has no steps: give at least one" in capsys.readouterr().err
+
+
+def test_nir_import_refuses_a_bad_dt_as_an_option(capsys):
+    for dt in ("0", "nan", "inf", "1e-320"):
+        assert main(["nir", "import", "model.nir", f"--dt={dt}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("flexsn-dsl nir: error: --dt ") and "give the step length" in err, err
 

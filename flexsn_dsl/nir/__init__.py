@@ -18,7 +18,7 @@ equations against NIR's), :mod:`.write` (a module as a graph).
 from __future__ import annotations
 
 from ..errors import NIRError
-from .kinds import NEURONS, NeuronKind, _nir, neuron_spec  # noqa: F401 (_nir: the CLI checks that nir is installed)
+from .kinds import NEURONS, NeuronKind, _nir, neuron_spec  # noqa: F401 (_nir: the CLI asks it for nir)
 from .match import match_neuron
 from .read import NIRNetwork, from_nir, read_graph
 from .write import to_nir

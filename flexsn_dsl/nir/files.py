@@ -16,6 +16,7 @@ MAX_DEPTH = 32                # groups inside groups
 MAX_OBJECTS = 100_000         # groups and datasets
 MAX_ELEMENTS = 1 << 26        # one dataset's declared elements (64 M: 512 MiB of float64)
 MAX_TOTAL_ELEMENTS = 1 << 27  # all datasets together
+MAX_BYTES = 1 << 30           # all datasets' declared bytes together (a compressed file may expand)
 
 
 def shown(path: str | os.PathLike) -> str:
@@ -52,7 +53,7 @@ def _walk(root: Any, path: str | os.PathLike) -> None:
     """Every link below ``root``, depth first, each object once."""
     import h5py
     seen: set[str] = set()
-    total = 0
+    total = nbytes = 0
     todo = [(root, "/", 0)]
     while todo:
         group, name, depth = todo.pop()
@@ -76,16 +77,24 @@ def _walk(root: Any, path: str | os.PathLike) -> None:
                 raise NIRError(f"{shown(path)} holds more than {MAX_OBJECTS} groups and datasets")
             if isinstance(item, h5py.Group):
                 todo.append((item, where, depth + 1))
+            elif isinstance(item, h5py.Dataset):
+                elements, size = _check_dataset(item, where, path)
+                total, nbytes = total + elements, nbytes + size
+                if total > MAX_TOTAL_ELEMENTS or nbytes > MAX_BYTES:
+                    raise NIRError(f"{shown(path)} declares more than {MAX_TOTAL_ELEMENTS} values or {MAX_BYTES} "
+                                   "bytes in all")
             else:
-                total += _check_dataset(item, where, path)
-                if total > MAX_TOTAL_ELEMENTS:
-                    raise NIRError(f"{shown(path)} declares more than {MAX_TOTAL_ELEMENTS} values in all")
+                raise NIRError(f"{shown(path)}: {shown(where)} is a {type(item).__name__}: NIR files hold only "
+                               "groups and datasets")
 
 
-def _check_dataset(dataset: Any, where: str, path: str | os.PathLike) -> int:
-    """A dataset's declared elements, after refusing external storage, virtual layouts and
-    sizes beyond the limit."""
+def _check_dataset(dataset: Any, where: str, path: str | os.PathLike) -> tuple[int, int]:
+    """A dataset's declared elements and bytes, after refusing external storage, virtual layouts,
+    compound or array element types (one element of which may be gigabytes) and sizes beyond the limit."""
     import h5py
+    dtype = dataset.dtype
+    if dtype.fields or dtype.subdtype or dtype.kind not in "biufcSO":
+        raise NIRError(f"{shown(path)}: {shown(where)} holds {dtype} elements: NIR arrays hold numbers or text")
     plist = dataset.id.get_create_plist()
     if plist.get_external_count() > 0:
         raise NIRError(f"{shown(path)}: {shown(where)} keeps its data in another file (external storage): "
@@ -99,4 +108,4 @@ def _check_dataset(dataset: Any, where: str, path: str | os.PathLike) -> int:
     if elements > MAX_ELEMENTS:
         raise NIRError(f"{shown(path)}: {shown(where)} declares {elements} values, more than the {MAX_ELEMENTS} "
                        "one NIR array may hold")
-    return elements
+    return elements, elements * dtype.itemsize

@@ -43,14 +43,14 @@ class NeuronKind:
 NEURONS: dict[str, NeuronKind] = {k.kind: k for k in (
     NeuronKind("LIF", ("tau", "r", "v_leak", "v_threshold", "v_reset"), (("v", "v_leak"),),
                (("v", "(v_leak - v + r * x) / tau"),), True,
-               "NIR LIF: tau dv/dt = (v_leak - v) + r x; spike where v > v_threshold; then v = v_reset"),
+               "NIR LIF: tau dv/dt = (v_leak - v) + r x; spike where v >= v_threshold; then v = v_reset"),
     NeuronKind("CubaLIF", ("tau_syn", "tau_mem", "r", "v_leak", "v_threshold", "v_reset", "w_in"),
                (("i_syn", "0"), ("v", "v_leak")),
                (("i_syn", "(w_in * x - i_syn) / tau_syn"), ("v", "(v_leak - v + r * i_syn) / tau_mem")), True,
                "NIR CubaLIF: tau_syn di/dt = -i + w_in x; tau_mem dv/dt = (v_leak - v) + r i; spike where "
-               "v > v_threshold; then v = v_reset"),
+               "v >= v_threshold; then v = v_reset"),
     NeuronKind("IF", ("r", "v_threshold", "v_reset"), (("v", "0"),), (("v", "r * x"),), True,
-               "NIR IF: dv/dt = r x; spike where v > v_threshold; then v = v_reset"),
+               "NIR IF: dv/dt = r x; spike where v >= v_threshold; then v = v_reset"),
     NeuronKind("LI", ("tau", "r", "v_leak"), (("v", "v_leak"),), (("v", "(v_leak - v + r * x) / tau"),), False,
                "NIR LI: tau dv/dt = (v_leak - v) + r x; output v"),
     NeuronKind("CubaLI", ("tau_syn", "tau_mem", "r", "v_leak", "w_in"), (("i_syn", "0"), ("v", "v_leak")),

@@ -82,7 +82,7 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback
             numbers[p] = float(array.flat[0])
         else:
             shapes[p] = array.shape
-            params[p] = torch.tensor(array)
+            params[p] = torch.tensor(array, dtype=torch.get_default_dtype())
     if method == "exact" and {"tau_syn", "tau_mem"} & set(shapes):
         same = arrays["tau_syn"] == arrays["tau_mem"]
         if np.any(same):
@@ -194,6 +194,8 @@ def _conv(node: Any, name: str, dims: int) -> nn.Module:
         padding = _ints(padding, dims, f"node {name!r}: padding")
     elif padding not in ("same", "valid"):
         raise NIRError(f"node {name!r}: padding must be 'same', 'valid' or numbers, got {padding!r}")
+    if not isinstance(padding, str) and any(p > k for p, k in zip(padding, weight.shape[2:])):
+        raise NIRError(f"node {name!r}: padding {list(padding)} is more than the kernel {list(weight.shape[2:])}")
     cls = nn.Conv1d if dims == 1 else nn.Conv2d
     (groups,) = _ints(node.groups, 1, f"node {name!r}: groups", low=1)
     if weight.shape[0] % groups:
@@ -223,6 +225,8 @@ def _pool(node: Any, name: str, summing: bool) -> nn.Module:
     kernel = _ints(node.kernel_size, 2, f"node {name!r}: kernel_size", low=1)
     stride = _ints(node.stride, 2, f"node {name!r}: stride", low=1)
     padding = _ints(node.padding, 2, f"node {name!r}: padding")
+    if any(p > k for p, k in zip(padding, kernel)):
+        raise NIRError(f"node {name!r}: padding {list(padding)} is more than the kernel {list(kernel)}")
     return PerStep(nn.AvgPool2d(kernel, stride, padding, divisor_override=1 if summing else None))
 
 
