@@ -22,9 +22,8 @@ python3 - <<'PY' || exit 1
 import sys, torch, triton
 if not torch.cuda.is_available():
     sys.exit("gpu_lane.sh: no CUDA GPU here; the CPU suite is `python -m pytest -q`")
-print(f"commit {__import__('subprocess').run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip() or '?'}; "
-      f"torch {torch.__version__}, triton {triton.__version__}, python {sys.version.split()[0]}, "
-      f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}")
+print(f"torch {torch.__version__}, triton {triton.__version__}, python {sys.version.split()[0]}, "
+      f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()} (write the commit you ran beside the counts)")
 PY
 workers=()
 if [ "${WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-8}"); fi
