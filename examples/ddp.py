@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import os
 import sys
 import time
@@ -215,6 +216,8 @@ def main(argv=None) -> int:
         dist.barrier()
         return status
     finally:
+        del model
+        gc.collect()  # DDP's reducer and its pending gloo work go while the group is alive
         dist.destroy_process_group()
 
 
@@ -232,4 +235,10 @@ def _plain_batchnorm(model: nn.Module) -> nn.Module:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # gloo's worker threads can still hold work whose tensors need the interpreter: tearing them
+    # down during interpreter finalization aborts the process (SIGABRT) after it has done its job,
+    # so a finished rank leaves without finalization
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
