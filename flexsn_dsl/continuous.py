@@ -7,7 +7,8 @@ length dt, in the order of the language (v2, section 1):
 1. integrate every state of ``equations`` by ``method`` (inputs held over the step; constant
    scalar parameters folded to numbers, learnable or shaped ones kept as symbols, so an exact
    propagator such as e^{-dt/tau} has one value per element of a shaped tau and a gradient
-   for a learnable one); a refractory neuron keeps
+   for a learnable one); white noise (``xi``: equations ``f + g xi``, g free of the states) by
+   Euler-Maruyama, ``x + dt f + sqrt(dt) g n`` with ``n`` the noise's ``randn()`` draw; a refractory neuron keeps
    the held states instead: ``v__int = where(refractory > 0.5, v, <integrated>)``;
 2. ``s = spike(u)`` of the threshold on the integrated states (0 while refractory);
 3. each reset line ``x: e`` as ``x__next = s * e + (1 - s) * x__int`` on the integrated values;
@@ -51,6 +52,9 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
     constants = {real_symbol(n): sympy.Float(values[n]) for n in model.parameters if n not in runtime}
     dt = sympy.Float(values["dt"])
     f = {real_symbol(n): sympy.sympify(eq.expr).xreplace(constants) for n, eq in c.equations.items()}
+    silent = {xi: 0 for xi in c.noise}
+    noise = {x: sum((sympy.diff(fx, xi) * n for xi, n in c.noise.items()), sympy.S.Zero) for x, fx in f.items()}
+    f = {x: fx.xreplace(silent) for x, fx in f.items()}  # the equations without their noise terms
     where = {real_symbol(n): eq.pos for n, eq in c.equations.items()}
     steps: list[Assignment] = []
 
@@ -67,6 +71,7 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
         lines, integrated = METHODS[c.method](f, dt)
         for symbol, expr in lines:
             emit(symbol, expr, where[real_symbol(symbol.name.split("__")[0])])
+    integrated = {x: e + sympy.sqrt(dt) * noise[x] for x, e in integrated.items()}  # (euler: the model checked)
 
     refractory = real_symbol(REFRACTORY_STATE) if c.refractory else None
     if c.condition is not None:  # refractory only while it was and the condition still holds (at the step's start)
