@@ -28,7 +28,7 @@ import sympy
 
 from .errors import SpecError
 from .integrators import METHODS
-from .model import REFRACTORY_STATE, SPIKE_OUTPUT, Assignment, NeuronModel, refractory_steps
+from .model import MAX_REFRACTORY_STEPS, REFRACTORY_STATE, SPIKE_OUTPUT, Assignment, NeuronModel, refractory_steps
 from .propagators import PropagatorError, exact_step
 from .symbolic import Detach, Spike, real_symbol
 
@@ -102,10 +102,15 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
         emit(real_symbol(f"{REFRACTORY_STATE}__next"), sympy.Piecewise((1, Detach(s) > REFRACTORY_TEST),
                                                                         (refractory, True)), c.condition_pos)
     elif refractory is not None:
-        period = float(sympy.sympify(c.period).xreplace(constants))
-        n, warning = refractory_steps(period, float(dt), c.period_pos)
-        if warning is not None and warning.message not in {w.message for w in model.warnings}:
-            warnings.warn(warning, stacklevel=2)  # with params= values; the spec's own are warned at load
+        period = sympy.sympify(c.period).xreplace(constants)
+        if period.is_number:
+            n, warning = refractory_steps(float(period), float(dt), c.period_pos)
+            if warning is not None and warning.message not in {w.message for w in model.warnings}:
+                warnings.warn(warning, stacklevel=2)  # with params= values; the spec's own are warned at load
+            left = max(n - 1, 0)
+        else:  # a random period (draws): round(period / dt) steps, drawn at each step, used where it spikes
+            n = sympy.floor(period / dt + sympy.Rational(1, 2))
+            left = sympy.Piecewise((0, n < 1), (MAX_REFRACTORY_STEPS - 1, n > MAX_REFRACTORY_STEPS), (n - 1, True))
         emit(real_symbol(f"{REFRACTORY_STATE}__next"),
-             sympy.Piecewise((refractory - 1, resting), (max(n - 1, 0) * Detach(s), True)), c.period_pos)
+             sympy.Piecewise((refractory - 1, resting), (left * Detach(s), True)), c.period_pos)
     return steps

@@ -310,3 +310,144 @@ def test_noise_without_method_is_euler_maruyama_and_linear_noise_needs_no_warnin
     m = flexsn_dsl.loads(OU, backend="torch")
     assert m._compiled.model.continuous.method == "euler"
     assert not [w for w in recwarn if "method" in str(w.message)]
+
+
+# -- the zoo's noisy neurons against their references (tests/zoo_reference.py) --
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_reference as zr  # noqa: E402
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ou_lif_follows_its_reference_on_the_numbers_it_drew(backend):
+    """The OU current's sequence gives back the normal numbers drawn (i_t = a i_{t-1} + c n_t); the
+    hand-written reference fed them computes the same spikes, states and input gradients."""
+    ref = zr.REFERENCES["ou_lif"]
+    p = ref.params
+    m = flexsn_dsl.load(ROOT / "neurons" / "ou_lif.yaml", backend=backend, store_state_seqs=True).double()
+    torch.manual_seed(5)
+    x = (0.9 + 0.4 * torch.rand(300, 2, 8, dtype=torch.float64)).requires_grad_()
+    s = m(x)
+    w = torch.rand_like(s)
+    (s * w).sum().backward()
+    current = m.state_seqs["i_n"].detach()
+    before = torch.cat([torch.zeros_like(current[:1]), current[:-1]])
+    n = (current - (1 - p["dt"] / p["tau_n"]) * before) / (math.sqrt(p["dt"]) * p["sigma"] * math.sqrt(2 / p["tau_n"]))
+    assert abs(n.std().item() - 1) < 0.05
+    x2 = x.detach().clone().requires_grad_()
+    outs, finals, seqs = zr.run_reference("ou_lif", {"x": x2, "randn__0": n}, return_state_seqs=True)
+    (outs["s"] * w).sum().backward()
+    assert s.sum() > 10 and torch.equal(s, outs["s"])
+    torch.testing.assert_close(m.state_seqs["v"], seqs["v"], rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ou_lif_current_has_its_stationary_deviation(backend):
+    m = flexsn_dsl.load(ROOT / "neurons" / "ou_lif.yaml", backend=backend, store_state_seqs=True)
+    torch.manual_seed(6)
+    m(torch.zeros(2500, 512))
+    current = m.state_seqs["i_n"][500:]
+    a = 1 - 0.1 / 5.0
+    expected = 0.3 / math.sqrt(1 - 0.1 / (2 * 5.0))  # sigma, for the Euler-Maruyama recursion: b^2 / (1 - a^2)
+    assert abs(current.std().item() / expected - 1) < 0.05
+    lag = 50
+    corr = (current[lag:] * current[:-lag]).mean().item() / current.var().item()
+    assert abs(corr - a ** lag) < 0.05
+
+
+def _expected_escape_spikes(x: float, T: int) -> float:
+    """Expected spikes of one escape-noise neuron in T steps from reset, by the distribution of the
+    steps since its last reset (its membrane follows one trajectory between resets)."""
+    p = zr.REFERENCES["escape_lif"].params
+    v, hazard = 0.0, []
+    for _ in range(T):
+        v = v + (x - v) * p["dt"] / p["tau"]
+        hazard.append(1 - math.exp(-p["rho0"] * p["dt"] * math.exp((v - p["v_th"]) / p["delta"])))
+    ages, total = [1.0] + [0.0] * T, 0.0
+    for _ in range(T):
+        fired = sum(a * q for a, q in zip(ages, hazard))
+        total += fired
+        ages = [fired] + [a * (1 - q) for a, q in zip(ages, hazard)][:T]
+    return total
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_escape_lif_fires_at_its_renewal_rate(backend):
+    m = flexsn_dsl.load(ROOT / "neurons" / "escape_lif.yaml", backend=backend)
+    torch.manual_seed(7)
+    counts = m(torch.full((200, 4096), 0.95)).sum(0)
+    expected = _expected_escape_spikes(0.95, 200)
+    assert expected > 1
+    assert abs(counts.mean().item() - expected) < 4 * counts.std().item() / math.sqrt(counts.numel())
+
+
+def test_escape_lif_follows_its_reference_on_given_numbers(monkeypatch):
+    """The torch backend's draws replaced by known numbers: spikes and gradients as the reference computes them."""
+    torch.manual_seed(8)
+    x = (0.8 + 0.6 * torch.rand(60, 4, 5, dtype=torch.float64)).requires_grad_()
+    u = torch.rand(60, 4, 5, dtype=torch.float64)
+    w = torch.rand(60, 4, 5, dtype=torch.float64)
+    given = iter(u)
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: next(given).to(kw.get("dtype")))
+    m = flexsn_dsl.load(ROOT / "neurons" / "escape_lif.yaml", backend="torch").double()
+    s = m(x)
+    monkeypatch.undo()
+    (s * w).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    outs, _ = zr.run_reference("escape_lif", {"x": x2, "rand__0": u})
+    (outs["s"] * w).sum().backward()
+    assert s.sum() > 5 and torch.equal(s, outs["s"])
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-9, atol=1e-11)
+
+
+RANDOM_PERIOD = """
+neuron: random_refractory
+parameters: {dt: 1.0}
+states: {v: 0.0}
+equations:
+  v: -v
+method: euler
+threshold: v + x >= 1
+reset: {v: 0.0}
+refractory:
+  period: 1.0 + 3.0 * rand()
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_random_refractory_period_is_drawn_at_each_spike(backend):
+    """Driven hard, the neuron fires as soon as it may: its intervals are round(1 + 3u) steps, u uniform:
+    1, 2, 3, 4 with probabilities 1/6, 1/3, 1/3, 1/6."""
+    m = flexsn_dsl.loads(RANDOM_PERIOD, backend=backend)
+    torch.manual_seed(9)
+    s = m(torch.full((300, 400), 5.0)).cpu()
+    intervals = torch.cat([torch.diff(torch.nonzero(s[:, j])[:, 0]) for j in range(s.shape[1])])
+    share = torch.bincount(intervals, minlength=5)[1:].double() / len(intervals)
+    expected = torch.tensor([1 / 6, 1 / 3, 1 / 3, 1 / 6], dtype=torch.float64)
+    assert torch.all((share - expected).abs() < 4 * torch.sqrt(expected * (1 - expected) / len(intervals)))
+
+
+def test_to_nir_refuses_noise():
+    pytest.importorskip("nir")
+    from flexsn_dsl.nir import NIRError, to_nir
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), flexsn_dsl.load(ROOT / "neurons" / "ou_lif.yaml"))
+    with pytest.raises(NIRError, match="NIR has no noise"):
+        to_nir(net, torch.zeros(2, 1, 3))
+
+
+def test_simulate_seed_repeats_a_noisy_run_and_leaves_the_generator_alone(capsys):
+    from flexsn_dsl.cli import main
+    from flexsn_dsl.simulation import simulate
+    spec = ROOT / "neurons" / "ou_lif.yaml"
+    before = torch.random.get_rng_state()
+    one, two = (simulate(spec, 1.0, steps=300, neurons=4, seed=11) for _ in range(2))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    other = simulate(spec, 1.0, steps=300, neurons=4, seed=12)
+    assert torch.equal(one.states["i_n"], two.states["i_n"]) and not torch.equal(one.states["i_n"], other.states["i_n"])
+    runs = []
+    for _ in range(2):
+        assert main(["simulate", str(spec), "--steps", "200", "--seed", "3"]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1]
+    assert main(["simulate", str(spec), "--steps", "20"]) == 0
+    assert "repeat the run with --seed" in capsys.readouterr().out

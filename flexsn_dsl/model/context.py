@@ -104,7 +104,9 @@ class SpecContext:
 
     def expression(self, node: Node, env, what: str, later=None, initial: bool = False,
                    current: str | None = None, forbidden: dict | None = None, comparison: bool = False,
-                   noise: bool = False) -> sympy.Expr:
+                   noise: bool = False, draws: bool | None = None) -> sympy.Expr:
+        """Parse an expression of ``node`` against ``env``; ``initial``: computed once (no states, inputs or
+        draws, unless ``draws``); ``noise``: white noise allowed (equations)."""
         if node.kind != "scalar" or node.value is None or isinstance(node.value, bool):
             raise SpecError(f"{what} must be a number or an expression, not {type_name(node)}", node.pos,
                             "write an expression such as `v + x / tau`")
@@ -119,7 +121,8 @@ class SpecContext:
                                  "an initial value may use numbers and parameters only")
                           for name, kind in kinds.items()}
         parser = ExpressionParser(env, later=later, what=what, current=current, forbidden=forbidden,
-                                  budget=self.condition_budget, draws=None if initial else self.draws, noise=noise)
+                                  budget=self.condition_budget,
+                                  draws=self.draws if (not initial if draws is None else draws) else None, noise=noise)
         try:
             expr = parser.parse(str(node.value), _locator(node), comparison=comparison)
         except SpecError as exc:

@@ -226,12 +226,18 @@ def _refractory_condition(spec: SpecContext, node: Node, env, user_states: list[
 
 def _refractory_period(spec: SpecContext, period_node: Node, parameters) -> tuple[sympy.Expr, SourcePos]:
     env = {p: real_symbol(p) for p in parameters}
-    period = spec.expression(period_node, env, "the refractory period", initial=True)
-    shaped = sorted(s.name for s in period.free_symbols if parameters[s.name].shaped)
+    period = spec.expression(period_node, env, "the refractory period", initial=True, draws=True)
+    used = [parameters[s.name] for s in period.free_symbols if s.name in parameters]  # (the others: draws)
+    shaped = sorted(p.name for p in used if p.shaped)
     if shaped:
         raise SpecError(f"the refractory period may not use the shaped parameter {shaped[0]!r}: it is one whole "
                         "number of steps for every neuron, compiled into the kernels", period_node.pos,
                         "use scalar constant parameters or a number, e.g. period: 2.0")
+    if any(p.learnable for p in used):
+        raise SpecError("the refractory period may not use learnable parameters (it is a whole number of "
+                        "steps)", period_node.pos, "use constant parameters or a number")
+    if len(used) < len(period.free_symbols):  # a random period: round(period / dt) steps, drawn at each spike
+        return period, period_node.pos
     values = {real_symbol(p.name): sympy.Float(p.value) for p in parameters.values()}
     number = sympy.sympify(period).xreplace(values)
     if not number.is_number or not finite(number) or float(number) < 0:
@@ -240,9 +246,6 @@ def _refractory_period(spec: SpecContext, period_node: Node, parameters) -> tupl
     problem = period_problem(float(number), parameters["dt"].value)
     if problem is not None:
         raise SpecError(problem, period_node.pos, "give a period >= 0 of at most that many steps")
-    if any(parameters[s.name].learnable for s in period.free_symbols):
-        raise SpecError("the refractory period may not use learnable parameters (it is a whole number of "
-                        "steps)", period_node.pos, "use constant parameters or a number")
     _, warning = refractory_steps(float(number), parameters["dt"].value, period_node.pos)
     if warning is not None:
         spec.warnings.append(warning)
