@@ -22,9 +22,11 @@ says whether the initial states need gradients. The recurrent kernels' ``_PRECIS
 ``input_precision`` of their ``tl.dot`` (``"tf32x3"``, ``"ieee"`` or ``"tf32"``, from the runtime).
 
 Draws (``rand()``, ``randn()``): a spec with draws takes ``_seed``, an int64 pair (the call's seed, the
-index of its first step); a draw is ``tl.rand``/``tl.randn`` (Philox) of that seed at the counter
-``(step · K + k) · numel + element`` (K: the spec's draws, k: this one's occurrence; int64), so every
-element, step, occurrence and call gets its own number, and the backward regenerates the forward's.
+index of its first step). A Philox call (``tl.rand4x``/``tl.randn4x``) gives four numbers: element e of
+a step takes number e % 4 of the call at counter ``(step · K + k) · calls + e // 4`` (K: the spec's draws,
+k: this one's occurrence, calls: ceil(elements / 4); int64), so every element, step, occurrence and call
+gets its own number, a block of neurons needs a quarter of the calls, and the backward regenerates the
+forward's.
 
 Names come from a :class:`FlexSNInfo`, whose fields are checked identifiers and
 finite numbers (:mod:`flexsn_dsl.literals`); INFO is printed with ``literals.value``.
@@ -105,20 +107,31 @@ def _seed_args(info: FlexSNInfo) -> tuple[list[str], str]:
     return ["_seed"] if info.draws else [], "random seed and first step, int64 [2]"
 
 
-def _seed_load(info: FlexSNInfo) -> list[str]:
+def _seed_load(info: FlexSNInfo, numel: str, flat: bool) -> list[str]:
+    """The seed, the first step, and the Philox call of each element (``flat``: a block of _BLOCK neurons, whose
+    groups of four are generated once each; else per element, with its lane)."""
     if not info.draws:
         return []
-    return [f"{I1}_seed_value = tl.load(_seed)", f"{I1}_step0 = tl.load(_seed + 1)"]
+    lines = [f"{I1}_seed_value = tl.load(_seed)", f"{I1}_step0 = tl.load(_seed + 1)",
+             f"{I1}_calls = ({numel} + 3) // 4  # Philox calls a step: four numbers each"]
+    if flat:
+        return lines + [f"{I1}_groups = tl.program_id(0) * (_BLOCK // 4) + tl.arange(0, _BLOCK // 4)"]
+    return lines + [f"{I1}_groups = _offs // 4", f"{I1}_lanes = _offs % 4"]
 
 
-def _draws(info: FlexSNInfo, names, step: str, numel: str) -> list[str]:
-    """This step's draws among ``names`` (``step``: its index after ``_step0``; ``numel``: elements a step)."""
+def _draws(info: FlexSNInfo, names, step: str, flat: bool) -> list[str]:
+    """This step's draws among ``names`` (``step``: its index after ``_step0``): element e takes number e % 4 of the
+    Philox call at counter (step · K + k) · calls + e // 4 (``flat``: the block's calls made once each, their four
+    numbers interleaved; else each element's call, its lane picked: the same numbers)."""
     lines = []
     for name in names:
         if name in info.draws:
             kind, k = draw_parts(name)
-            lines.append(f"{I2}{name} = tl.{kind}(_seed_value, ((_step0 + {step}) * {info.draw_count} + {k}) * "
-                         f"{numel} + _offs).to(_DTYPE)")
+            lines.append(f"{I2}_d0, _d1, _d2, _d3 = tl.{kind}4x(_seed_value, ((_step0 + {step}) * {info.draw_count} + "
+                         f"{k}) * _calls + _groups)")
+            picked = "tl.reshape(tl.join(tl.join(_d0, _d1), tl.join(_d2, _d3)), [_BLOCK])" if flat else \
+                "tl.where(_lanes == 0, _d0, tl.where(_lanes == 1, _d1, tl.where(_lanes == 2, _d2, _d3)))"
+            lines.append(f"{I2}{name} = {picked}.to(_DTYPE)")
     return lines
 
 
@@ -199,12 +212,12 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
         _seed_args(info),
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
-    lines += _head() + _params_load(info) + _seed_load(info)
+    lines += _head() + _params_load(info) + _seed_load(info, "_N", True)
     lines += _initial_states(info, "[_BLOCK]")
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
     lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
-    lines += _draws(info, info.draws, "_t", "_N")
+    lines += _draws(info, info.draws, "_t", True)
     lines += [f"{I2}{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}{_store(f'{n}__out_ptr', v)}" for n, v in zip(info.output_names, info.output_vars)]
@@ -266,7 +279,7 @@ def _backward_kernel(cores: Cores) -> str:
     ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr",
         TILE_SIZES if tiled else BLOCK_SIZES)
     lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
-    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled) + _seed_load(info)
+    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled) + _seed_load(info, "_N", not tiled)
     lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names],
                  [f"{I1}{n}__grad_acc = tl.zeros({shape}, dtype=_DTYPE)" for n in info.state_names])
     lines += [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names]
@@ -280,7 +293,7 @@ def _backward_kernel(cores: Cores) -> str:
         for n in info.state_names:
             lines += [f"{I2}{I1}{n}__grad_next += {_load(f'{n}__grad_states_ptr')}",
                       f"{I2}{I1}{n}__grad_states_ptr -= _N"]
-    lines += _draws(info, call_args, "_T - 1 - _t", "_N")
+    lines += _draws(info, call_args, "_T - 1 - _t", not tiled)
     lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
     lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
@@ -350,7 +363,7 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
         _seed_args(info),
     ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""), RECURRENT_SIZES)
     lines += [f'{I1}"""Recurrent forward of {info.neuron} over _T steps for _BLOCK_B rows of the batch."""']
-    lines += _recurrent_head() + _params_load(info) + _seed_load(info)
+    lines += _recurrent_head() + _params_load(info) + _seed_load(info, "_step", False)
     lines += _initial_states(info, "[_BLOCK_B, _NP]")
     lines += [f"{I1}_prev = {_load(f'{r}__init + _offs')}"]
     walking = [f"{n}__in" for n in inputs] + written + kept
@@ -360,7 +373,7 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     lines += [f"{I1}for _t in range(0, _T):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in inputs]
     lines += _matvec(r, "_fed_rows", "_cols[None, :] * _N + _kk[:, None]", I2)  # M[k, i] = W[i, k]
-    lines += _draws(info, info.draws, "_t", "_step")
+    lines += _draws(info, info.draws, "_t", False)
     lines += [f"{I2}{', '.join(info.fwd_core_recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}_prev = {fed}"]
@@ -397,7 +410,7 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
         _seed_args(info),
     ], ", _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr", RECURRENT_SIZES)
     lines += [f'{I1}"""Recurrent backward of {info.neuron}: time runs in reverse through the steps and W."""']
-    lines += _recurrent_head() + _params_load(info) + _seed_load(info)
+    lines += _recurrent_head() + _params_load(info) + _seed_load(info, "_step", False)
     finals = [f"{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
     zeros = [f"{n}__grad_acc = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)" for n in info.state_names]
     lines += _if("_HAS_FINAL_GRADS", [I1 + x for x in finals + [f"_fb = {_load(f'{r}__grad_final + _offs')}"]],
@@ -410,7 +423,7 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
     lines += [f"{I2}{fed_output}__grad_out_t += _fb"]
     lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
-    lines += _draws(info, call_args, "_T - 1 - _t", "_step")
+    lines += _draws(info, call_args, "_T - 1 - _t", False)
     lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
     lines += [f"{I2}tl.debug_barrier()  # {r}__grad_in of this step is read back across threads"]
