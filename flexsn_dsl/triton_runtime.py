@@ -383,15 +383,24 @@ def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, stor
     saved = [torch.empty_like(like) for _ in range(plan.n_saved)] if training else []
     seqs = [torch.empty_like(like) for _ in range(n_st)] if store_seqs else []
     finals = [like.new_empty(plan.step_sizes) for _ in range(n_st)]
-    inits = [like] * n_st if const_init else [_contiguous(s) for s in inits]  # (any pointer: unread when constant)
     if plan.T == 0:
         finals = [f.fill_(v) for f, v in zip(finals, plan.info.initial_values)] if const_init else \
             [s.clone() for s in inits]
     elif plan.n > 0:
-        variant, flags = plan.forwards[training, store_seqs, const_init]
-        plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout)], flags,
-                    traced)
+        _launch_forward(plan, xs, [_contiguous(s) for s in inits], outs, saved, seqs, finals, params, shaped, layout,
+                        training, store_seqs, traced)
     return outs, saved, seqs, finals, xs
+
+
+def _launch_forward(plan: Plan, xs, inits, outs, saved, seqs, finals, params, shaped, layout, training: bool,
+                    store_seqs: bool, traced: bool = False) -> None:
+    """Launch the forward kernel of ``plan`` (T >= 1) writing into the tensors given (contiguous); empty
+    ``inits``: the spec's constant initial states."""
+    const_init = not inits and plan.n_st > 0
+    inits = [xs[0]] * plan.n_st if const_init else inits  # (any pointer: unread when constant)
+    variant, flags = plan.forwards[training, store_seqs, const_init]
+    plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout)], flags,
+                traced)
 
 
 def _param_args(params, shaped, layout) -> list:
@@ -418,12 +427,13 @@ def kept_inputs(info) -> tuple[bool, ...]:
 
 
 def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool,
-              traced: bool = False):
+              traced: bool = False, into: tuple[list, list] | None = None):
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
     and final states; ``xs`` and ``outs`` as :func:`_forward` returned them, None for the inputs
-    the kernel does not read (:func:`kept_inputs`). ``traced``: see :meth:`Plan.launch`."""
+    the kernel does not read (:func:`kept_inputs`). ``traced``: see :meth:`Plan.launch`. ``into``:
+    the (contiguous) tensors to write the gradients of the inputs and initial states into (T >= 1)."""
     T, n, shape, step = plan.T, plan.n, plan.shape, plan.step_sizes
     n_out, n_st = plan.n_out, plan.n_st
     like = outs[0]  # (a spec has outputs) of the inputs' shape, dtype and device, contiguous
@@ -440,8 +450,8 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         grad_params = params.new_zeros(params.shape) if params is not None else None
         grad_shaped = [torch.zeros_like(v) if grad else None for v, grad in zip(shaped, learnable)]
     else:
-        grad_x = [torch.empty_like(x) for x in xs]
-        grad_init = [like.new_empty(step) for _ in range(n_st)] if init_grads else []
+        grad_x, grad_init = into or ([torch.empty_like(x) for x in xs],
+                                     [like.new_empty(step) for _ in range(n_st)] if init_grads else [])
         unused = like  # a valid pointer for arguments a flag leaves unread (one the kernel does not write)
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *xs,
                 *outs, *grad_x, *(grad_init or [unused] * n_st)]
@@ -501,6 +511,112 @@ class _TritonSteps(torch.autograd.Function):
         init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[1 + n_params + n_shaped + n_in:])
         grad_x, grad_init, grad_params, grad_shaped = _backward(plan, store_seqs, grads, saved, xs, outs, params,
                                                                 shaped, layout, init_grads)
+        return (None, *(grad_params.unbind(0) if grad_params is not None else ()), *grad_shaped, *grad_x,
+                *(grad_init or [None] * ctx.n_inits))
+
+
+def _chunk_plans(plan: Plan, chunk: int, dtype: torch.dtype) -> list[tuple[int, Plan]]:
+    """The plan of each chunk of ``chunk`` steps of a call of ``plan`` (the last one shorter where
+    ``chunk`` does not divide T), with its first step."""
+    settings = launch_settings()
+    return [(t0, plan.source.plan(torch.Size((min(chunk, plan.T - t0), *plan.step)), dtype, settings))
+            for t0 in range(0, plan.T, chunk)]
+
+
+def _checkpointed_forward(plan: Plan, chunk: int, xs, inits, params, shaped, layout, store_seqs: bool):
+    """The inference kernel over one chunk of steps at a time, each from the states the last one ended
+    with: (outputs, state sequences (if stored), final states, checkpoints: the states before each
+    chunk after the first, kept in the compute dtype so that a chunk restarts from the very values
+    a single launch carries from step to step)."""
+    like = xs[0]
+    step, n_st = plan.step_sizes, plan.n_st
+    compute = _torch_compute_dtype(like.dtype)
+    outs = [torch.empty_like(like) for _ in range(plan.n_out)]
+    seqs = [torch.empty_like(like) for _ in range(n_st)] if store_seqs else []
+    finals = [like.new_empty(step) for _ in range(n_st)]
+    checkpoints: list[torch.Tensor] = []
+    starts = [_contiguous(s) for s in inits]
+    for t0, sub in _chunk_plans(plan, chunk, like.dtype):
+        t1 = t0 + sub.T
+        ends = finals if t1 == plan.T else [like.new_empty(step, dtype=compute) for _ in range(n_st)]
+        _launch_forward(sub, [x[t0:t1] for x in xs], starts, [o[t0:t1] for o in outs], [], [s[t0:t1] for s in seqs],
+                        ends, params, shaped, layout, False, store_seqs)
+        if t1 < plan.T:
+            checkpoints += ends
+            starts = ends
+    return outs, seqs, finals, checkpoints
+
+
+def _checkpointed_backward(plan: Plan, chunk: int, store_seqs: bool, grads, xs, outs, inits, checkpoints, params,
+                           shaped, layout, init_grads: bool):
+    """:func:`_backward` from :func:`_checkpointed_forward`'s checkpoints: for each chunk, last to first,
+    the training forward kernel again from the chunk's first states (its saved values into buffers of one
+    chunk), then the backward kernel over the chunk from the state gradients the later chunk left (kept in
+    the compute dtype). The input and state gradients are those of one launch over all steps, bit for bit
+    (the kernels carry nothing else from step to step); the parameter gradients are summed per chunk,
+    then over the chunks, last first: another order of the same sums."""
+    like = outs[0]
+    step, n_out, n_st = plan.step_sizes, plan.n_out, plan.n_st
+    compute = _torch_compute_dtype(like.dtype)
+    chunks = _chunk_plans(plan, chunk, like.dtype)
+    longest = (chunks[0][1].T, *step)
+    saved = [like.new_empty(longest) for _ in range(plan.n_saved)]
+    scratch = [like.new_empty(longest) for _ in range(n_out)]  # the outputs computed again (equal to ``outs``)
+    ends = [like.new_empty(step, dtype=compute) for _ in range(n_st)]  # the final states computed again: unread
+    grad_x = [torch.empty_like(x) for x in xs]
+    carry = list(grads[len(grads) - n_st:])  # the gradients of the states after the chunk
+    kept = [x if keep else None for x, keep in zip(xs, plan.kept_inputs)]
+    grad_params = grad_shaped = None
+    for k in reversed(range(len(chunks))):
+        t0, sub = chunks[k]
+        t1, length = t0 + sub.T, sub.T
+        starts = list(inits) if k == 0 else checkpoints[(k - 1) * n_st:k * n_st]
+        chunk_saved = [s[:length] for s in saved]
+        _launch_forward(sub, [x[t0:t1] for x in xs], starts, [o[:length] for o in scratch], chunk_saved, [], ends,
+                        params, shaped, layout, True, False)
+        begin = ([like.new_empty(step) for _ in range(n_st)] if init_grads else []) if k == 0 else \
+            [like.new_empty(step, dtype=compute) for _ in range(n_st)]
+        window = [None if g is None else g[t0:t1] for g in grads[:n_out + (n_st if store_seqs else 0)]] + carry
+        _, _, g_params, g_shaped = _backward(
+            sub, store_seqs, window, chunk_saved, [None if x is None else x[t0:t1] for x in kept],
+            [o[t0:t1] for o in outs], params, shaped, layout, bool(begin), into=([g[t0:t1] for g in grad_x], begin))
+        carry = begin
+        grad_params = g_params if grad_params is None else grad_params + g_params
+        grad_shaped = g_shaped if grad_shaped is None else \
+            [None if a is None else a + b for a, b in zip(grad_shaped, g_shaped)]
+    return grad_x, carry, grad_params, grad_shaped
+
+
+class _RecomputedSteps(torch.autograd.Function):
+    """:class:`_TritonSteps` keeping for the backward only the inputs, outputs, parameters and the states
+    at the start of every chunk of steps (:func:`_checkpointed_forward`); the backward computes the saved
+    values again, one chunk at a time (:func:`_checkpointed_backward`). ``call``: _TritonSteps' call and
+    the steps of a chunk."""
+
+    @staticmethod
+    def forward(ctx, call: tuple, *tensors):
+        plan, store_seqs, n_inputs, layout, n_shaped, n_params, chunk = call
+        n_x = n_params + n_shaped + n_inputs
+        params = _stack(list(tensors[:n_params]))
+        shaped, xs, inits = tensors[n_params:n_params + n_shaped], tensors[n_params + n_shaped:n_x], tensors[n_x:]
+        xs = [_contiguous(x) for x in xs]
+        outs, seqs, finals, checkpoints = _checkpointed_forward(plan, chunk, xs, inits, params, shaped, layout,
+                                                                store_seqs)
+        ctx.call, ctx.n_inits = call, len(inits)
+        ctx.save_for_backward(params, *shaped, *xs, *outs, *inits, *checkpoints)
+        ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
+        return (*outs, *seqs, *finals)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        plan, store_seqs, n_in, layout, n_shaped, n_params, chunk = ctx.call
+        params, *tensors = ctx.saved_tensors
+        a, b, c = n_shaped + n_in, n_shaped + n_in + plan.n_out, n_shaped + n_in + plan.n_out + ctx.n_inits
+        shaped, xs, outs, inits, checkpoints = tensors[:n_shaped], tensors[n_shaped:a], tensors[a:b], tensors[b:c], \
+            tensors[c:]
+        init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[1 + n_params + n_shaped + n_in:])
+        grad_x, grad_init, grad_params, grad_shaped = _checkpointed_backward(
+            plan, chunk, store_seqs, grads, xs, outs, inits, checkpoints, params, shaped, layout, init_grads)
         return (None, *(grad_params.unbind(0) if grad_params is not None else ()), *grad_shaped, *grad_x,
                 *(grad_init or [None] * ctx.n_inits))
 
@@ -792,15 +908,20 @@ def direct_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Tenso
 
 
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
-               params: dict[str, torch.Tensor], store_seqs: bool):
+               params: dict[str, torch.Tensor], store_seqs: bool, chunk: int = 0):
     """Run T steps with the generated kernels; returns (outputs, final states, state sequences).
     Empty ``states``: start from the spec's constant initial values. ``params`` holds every runtime
-    parameter (learnable scalars, and shaped ones that broadcast to a step)."""
+    parameter (learnable scalars, and shaped ones that broadcast to a step). ``chunk`` > 0: a training
+    call keeps the states every ``chunk`` steps instead of the saved values of every step
+    (:class:`_RecomputedSteps`)."""
     model = compiled.model
     like = inputs[0]
     param_list, shaped, layout = kernel_params(compiled, params, like) if params else ([], [], [])
     n_out, n_st = len(model.outputs), len(model.states)
     if torch.compiler.is_compiling():  # an opaque operator; registered by FlexSN.__init__
+        if chunk:
+            raise RuntimeError(f"{model.name}: recompute does not run under torch.compile on the Triton backend: "
+                               "compile a module loaded without recompute, or run this one eagerly")
         results = fused_steps(compiled.module_name, store_seqs, list(inputs), list(states), param_list, shaped,
                               layout)
         seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
@@ -814,9 +935,12 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
             outs, _, seqs, finals, _ = _forward(plan, inputs, states, _stack(param_list), shaped, layout, False,
                                                 store_seqs)
         return outs, finals, seqs
+    call = (plan, store_seqs, len(inputs), tuple(layout), len(shaped), len(param_list))
     with on_device(like):  # (the backward runs on the autograd engine's thread for that device)
-        results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped), len(param_list)),
-                                     *param_list, *shaped, *inputs, *states)
+        if chunk > 0 and plan.T > 0 and plan.n > 0:
+            results = _RecomputedSteps.apply((*call, chunk), *param_list, *shaped, *inputs, *states)
+        else:
+            results = _TritonSteps.apply(call, *param_list, *shaped, *inputs, *states)
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
     return outs, list(results[len(results) - n_st:]), seqs
