@@ -218,9 +218,13 @@ class Plan:
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
         self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
+        carry = {"_CARRY_SUMS": False} if info.param_names else {}  # (a backward with learnable parameters)
         self.backward_flags = {
-            flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2]}
+            flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2],
+                    **carry}
             for flags in itertools.product((False, True), repeat=3)}
+        # the same, carrying the running parameter-gradient sums across launches (recompute)
+        self.carrying_flags = {flags: {**keywords, "_CARRY_SUMS": True} for flags, keywords in self.backward_flags.items()}
         # each forward launch by (training, store_seqs, constant initial states): its variant and keywords
         self.forwards = {
             (training, seqs, const): (("forward" if training else "inference") + ("" if seqs else "_final_state"),
@@ -427,13 +431,15 @@ def kept_inputs(info) -> tuple[bool, ...]:
 
 
 def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool,
-              traced: bool = False, into: tuple[list, list] | None = None):
+              traced: bool = False, into: tuple[list, list] | None = None, sums: torch.Tensor | None = None):
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
     and final states; ``xs`` and ``outs`` as :func:`_forward` returned them, None for the inputs
     the kernel does not read (:func:`kept_inputs`). ``traced``: see :meth:`Plan.launch`. ``into``:
-    the (contiguous) tensors to write the gradients of the inputs and initial states into (T >= 1)."""
+    the (contiguous) tensors to write the gradients of the inputs and initial states into (T >= 1);
+    ``sums``: each learnable parameter's running gradient sums per neuron [P, N] in the compute dtype,
+    which the kernel starts from and updates (``_CARRY_SUMS``)."""
     T, n, shape, step = plan.T, plan.n, plan.shape, plan.step_sizes
     n_out, n_st = plan.n_out, plan.n_st
     like = outs[0]  # (a spec has outputs) of the inputs' shape, dtype and device, contiguous
@@ -466,17 +472,19 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
-            plan.source.launch_tiled("backward", tiling, args + [T, n, tiling.period], traced,
-                                     _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
-                                     _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads)
+            plan.source.launch_tiled("backward", tiling, args + [like if sums is None else sums, T, n, tiling.period],
+                                     traced, _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
+                                     _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads,
+                                     _CARRY_SUMS=sums is not None)
             programs = tiling.programs
             grad_shaped = [_shaped_gradient(partials[k], v.numel()) if k in partials else None
                            for k, v in enumerate(shaped)]
         else:
             partial = params.new_zeros((plan.programs, params.shape[0])) if params is not None else None
-            programs = plan.launch("backward", args + ([partial] if partial is not None else []),
-                                   plan.backward_flags[grad_seqs is not None, grad_finals is not None, init_grads],
-                                   traced)
+            flags = plan.carrying_flags if sums is not None else plan.backward_flags
+            programs = plan.launch("backward", args + ([partial, like if sums is None else sums]
+                                                       if partial is not None else []),
+                                   flags[grad_seqs is not None, grad_finals is not None, init_grads], traced)
             grad_shaped = [None] * len(shaped)
         if partial is not None:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
@@ -551,10 +559,9 @@ def _checkpointed_backward(plan: Plan, chunk: int, store_seqs: bool, grads, xs, 
                            shaped, layout, init_grads: bool):
     """:func:`_backward` from :func:`_checkpointed_forward`'s checkpoints: for each chunk, last to first,
     the training forward kernel again from the chunk's first states (its saved values into buffers of one
-    chunk), then the backward kernel over the chunk from the state gradients the later chunk left (kept in
-    the compute dtype). The input and state gradients are those of one launch over all steps, bit for bit
-    (the kernels carry nothing else from step to step); the parameter gradients are summed per chunk,
-    then over the chunks, last first: another order of the same sums."""
+    chunk), then the backward kernel over the chunk from the state gradients and running parameter-gradient
+    sums the later chunk left (kept in the compute dtype): every gradient is that of one launch over all
+    steps, bit for bit (the same terms added in the same order; the last chunk's launch reduces the sums)."""
     like = outs[0]
     step, n_out, n_st = plan.step_sizes, plan.n_out, plan.n_st
     compute = _torch_compute_dtype(like.dtype)
@@ -566,7 +573,8 @@ def _checkpointed_backward(plan: Plan, chunk: int, store_seqs: bool, grads, xs, 
     grad_x = [torch.empty_like(x) for x in xs]
     carry = list(grads[len(grads) - n_st:])  # the gradients of the states after the chunk
     kept = [x if keep else None for x, keep in zip(xs, plan.kept_inputs)]
-    grad_params = grad_shaped = None
+    names = plan.info.param_names
+    sums = like.new_zeros((len(names), plan.n), dtype=compute) if names else None
     for k in reversed(range(len(chunks))):
         t0, sub = chunks[k]
         t1, length = t0 + sub.T, sub.T
@@ -577,13 +585,11 @@ def _checkpointed_backward(plan: Plan, chunk: int, store_seqs: bool, grads, xs, 
         begin = ([like.new_empty(step) for _ in range(n_st)] if init_grads else []) if k == 0 else \
             [like.new_empty(step, dtype=compute) for _ in range(n_st)]
         window = [None if g is None else g[t0:t1] for g in grads[:n_out + (n_st if store_seqs else 0)]] + carry
-        _, _, g_params, g_shaped = _backward(
+        _, _, grad_params, grad_shaped = _backward(
             sub, store_seqs, window, chunk_saved, [None if x is None else x[t0:t1] for x in kept],
-            [o[t0:t1] for o in outs], params, shaped, layout, bool(begin), into=([g[t0:t1] for g in grad_x], begin))
+            [o[t0:t1] for o in outs], params, shaped, layout, bool(begin), into=([g[t0:t1] for g in grad_x], begin),
+            sums=sums)
         carry = begin
-        grad_params = g_params if grad_params is None else grad_params + g_params
-        grad_shaped = g_shaped if grad_shaped is None else \
-            [None if a is None else a + b for a, b in zip(grad_shaped, g_shaped)]
     return grad_x, carry, grad_params, grad_shaped
 
 
