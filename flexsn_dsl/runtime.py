@@ -335,7 +335,8 @@ class FlexSN(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         # the shortcut of a call like the last one (inference or training), from reset states (checks of its own)
         if not torch.compiler.is_compiling() and self._fast is not None and len(inputs) == 1 and not self.states \
-                and self.backend != "torch" and self.step_mode == "m" and not self.store_state_seqs:
+                and self.backend != "torch" and self.step_mode == "m" and not self.store_state_seqs \
+                and not self.recompute:
             result = self._fast(inputs[0])
             if result is not None:
                 outputs, finals = result
@@ -464,7 +465,9 @@ class FlexSN(nn.Module):
             return per_step_outputs, per_step_states, states, fed
 
         T = inputs[0].shape[0]
-        chunk = self._chunk(T) if torch.is_grad_enabled() else 0
+        graph = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                for t in (*inputs, *states, *fed, *params.values(), *weights))
+        chunk = self._chunk(T) if graph else 0
         if not chunk:
             per_step_outputs, per_step_states, states, fed = steps(0, T, states, fed)
         else:  # each chunk's graph recorded as usual, its saved values computed again in the backward: the same sums

@@ -525,8 +525,9 @@ class _TritonSteps(torch.autograd.Function):
 
 def _chunk_plans(plan: Plan, chunk: int, dtype: torch.dtype) -> list[tuple[int, Plan]]:
     """The plan of each chunk of ``chunk`` steps of a call of ``plan`` (the last one shorter where
-    ``chunk`` does not divide T), with its first step."""
-    settings = launch_settings()
+    ``chunk`` does not divide T), with its first step. Never autotuned: autotuning runs a kernel several
+    times, which would add the running sums that the backward carries (``_CARRY_SUMS``) more than once."""
+    settings = launch_settings()._replace(autotune=False)
     return [(t0, plan.source.plan(torch.Size((min(chunk, plan.T - t0), *plan.step)), dtype, settings))
             for t0 in range(0, plan.T, chunk)]
 
