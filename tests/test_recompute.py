@@ -200,3 +200,31 @@ def test_memory_kept_for_the_backward(backend):
     boundaries = T // chunk - (1 if backend == "triton" else 0)
     assert kept[chunk] == boundaries * n_st * step_bytes
     assert kept[False] >= 2 * T * step_bytes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_steps_and_no_gradients(backend):
+    """T = 0 (the states as they were, in the graph) and calls without gradients run as without recompute."""
+    for rc in (False, 2):
+        m = flexsn_dsl.load(ROOT / "neurons" / "izhikevich.yaml", backend=backend, recompute=rc)
+        x = torch.rand(0, 4, requires_grad=True)
+        assert m(x).shape == (0, 4)
+        x = torch.rand(5, 4, generator=torch.Generator().manual_seed(2)) * 20
+        with torch.no_grad():
+            y = m(x)
+        if rc:
+            _assert_same_bits([y, *m.states.values()], expected, "no_grad")
+        expected = [y, *m.states.values()]
+
+
+def test_bench_recompute_row(tmp_path):
+    """bench --recompute: a training row of its own, whose gradients are the saving path's (diff 0)."""
+    import json
+
+    from flexsn_dsl.cli import main
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(ROOT / "neurons" / "izhikevich.yaml"), "-T", "5", "-n", "40", "--mode", "training",
+                 "--peers", "--recompute", "--json", str(out)]) == 0
+    rows = {r["impl"]: r for r in json.loads(out.read_text())[-1]["results"]}
+    assert set(rows) == {"flexsn-dsl", "flexsn-dsl recompute"}
+    assert rows["flexsn-dsl recompute"]["max_abs_diff"] == 0.0 and rows["flexsn-dsl recompute"]["ms"] > 0
