@@ -534,7 +534,7 @@ def _chunk_plans(plan: Plan, chunk: int, dtype: torch.dtype) -> list[tuple[int, 
 
 def _checkpointed_forward(plan: Plan, chunk: int, xs, inits, params, shaped, layout, store_seqs: bool):
     """The inference kernel over one chunk of steps at a time, each from the states the last one ended
-    with: (outputs, state sequences (if stored), final states, checkpoints: the states before each
+    with (the first from ``inits``, contiguous, or the constant initial states where there are none): (outputs, state sequences (if stored), final states, checkpoints: the states before each
     chunk after the first, kept in the compute dtype so that a chunk restarts from the very values
     a single launch carries from step to step)."""
     like = xs[0]
@@ -544,7 +544,7 @@ def _checkpointed_forward(plan: Plan, chunk: int, xs, inits, params, shaped, lay
     seqs = [torch.empty_like(like) for _ in range(n_st)] if store_seqs else []
     finals = [like.new_empty(step) for _ in range(n_st)]
     checkpoints: list[torch.Tensor] = []
-    starts = [_contiguous(s) for s in inits]
+    starts = inits
     for t0, sub in _chunk_plans(plan, chunk, like.dtype):
         t1 = t0 + sub.T
         ends = finals if t1 == plan.T else [like.new_empty(step, dtype=compute) for _ in range(n_st)]
@@ -606,7 +606,7 @@ class _RecomputedSteps(torch.autograd.Function):
         n_x = n_params + n_shaped + n_inputs
         params = _stack(list(tensors[:n_params]))
         shaped, xs, inits = tensors[n_params:n_params + n_shaped], tensors[n_params + n_shaped:n_x], tensors[n_x:]
-        xs = [_contiguous(x) for x in xs]
+        xs, inits = [_contiguous(x) for x in xs], [_contiguous(s) for s in inits]
         outs, seqs, finals, checkpoints = _checkpointed_forward(plan, chunk, xs, inits, params, shaped, layout,
                                                                 store_seqs)
         ctx.call, ctx.n_inits = call, len(inits)

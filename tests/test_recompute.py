@@ -228,3 +228,20 @@ def test_bench_recompute_row(tmp_path):
     rows = {r["impl"]: r for r in json.loads(out.read_text())[-1]["results"]}
     assert set(rows) == {"flexsn-dsl", "flexsn-dsl recompute"}
     assert rows["flexsn-dsl recompute"]["max_abs_diff"] == 0.0 and rows["flexsn-dsl recompute"]["ms"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_inputs_and_states(backend):
+    """Inputs and carried initial states that are not contiguous (transposed views)."""
+    results = []
+    for rc in (False, 2):
+        m = flexsn_dsl.load(ROOT / "neurons" / "izhikevich.yaml", backend=backend, recompute=rc)
+        g = torch.Generator().manual_seed(5)
+        x = (torch.rand(4, 6, 5, generator=g) * 20).requires_grad_()
+        init = {n: torch.rand(6, 5, generator=g).requires_grad_() for n in m.spec.states}
+        m.states = {n: v.t() for n, v in init.items()}
+        y = m(x.transpose(1, 2))
+        results.append([y.detach(), *torch.autograd.grad((y * torch.arange(y.numel()).view_as(y)).sum()
+                                                           + sum(v.sum() for v in m.states.values()),
+                                                           [x, *init.values()])])
+    _assert_same_bits(results[0], results[1], "strided")
