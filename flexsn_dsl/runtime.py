@@ -182,7 +182,8 @@ class FlexSN(nn.Module):
     def extra_repr(self) -> str:
         parameters = ", ".join(f"{name}={text}" for name, text in self.parameter_texts().items())
         return (f"neuron={self.spec.name!r}, step_mode={self.step_mode!r}, backend={self.backend!r}, "
-                f"surrogate={self.spec.surrogate.name!r}" + (f"\n{parameters}" if parameters else ""))
+                f"surrogate={self.spec.surrogate.name!r}" + (f", recompute={self.recompute!r}" if self.recompute else "")
+                + (f"\n{parameters}" if parameters else ""))
 
     def parameter_texts(self) -> dict[str, str]:
         """Each parameter (recurrent weights too) as text: a scalar's value, a tensor's shape and the

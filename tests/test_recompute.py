@@ -150,6 +150,15 @@ def test_bad_recompute_values(value):
         flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", recompute=value)
 
 
+def test_repr_and_copies_keep_it():
+    """The module's repr says recompute; a deep copy and a pickled copy keep it."""
+    import copy
+    import pickle
+    m = flexsn_dsl.load(ROOT / "neurons" / "lif.yaml", recompute=16)
+    assert "recompute=16" in repr(m) and "recompute" not in repr(flexsn_dsl.load(ROOT / "neurons" / "lif.yaml"))
+    assert copy.deepcopy(m).recompute == pickle.loads(pickle.dumps(m)).recompute == 16
+
+
 def test_default_chunk():
     """True: about sqrt(T) steps, at least MIN_CHUNK; a number is the chunk itself."""
     assert recompute_chunk(True, 1) == recompute_chunk(True, 1000) == MIN_CHUNK
