@@ -32,7 +32,8 @@ from flexsn_dsl.compiler import compile_spec  # noqa: E402
 from flexsn_dsl.names import kernel_name  # noqa: E402
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-FLAGS = {"_CONST_INIT": True, "_HAS_STATE_GRADS": False, "_HAS_FINAL_GRADS": False, "_WRITE_INIT_GRADS": False}
+FLAGS = {"_CONST_INIT": True, "_HAS_STATE_GRADS": False, "_HAS_FINAL_GRADS": False, "_WRITE_INIT_GRADS": False,
+         "_CARRY_SUMS": False}
 INTEGERS = ("__inner", "__size", "__split")
 
 

@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="time every implementation of a case this many times, in turn, and report the median "
                              "(the spread in the JSON): a host whose speed drifts then affects all alike (default 1)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="also train with recompute=True (the row 'flexsn-dsl recompute': states computed again "
+                             "in the backward from per-chunk checkpoints; diff: its largest gradient difference from "
+                             "the saving path's). On CUDA every training row of ours reports the memory its forward "
+                             "pass holds when it returns, in MiB and over its outputs' bytes")
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
     parser.add_argument("--json", metavar="FILE", help="append the results to this JSON file")
     add_spec_options(parser)
@@ -188,6 +193,26 @@ def _peak(device, fn) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
+def held_after_forward(device, module, xs) -> tuple[float, float] | None:
+    """What a training forward call of ``module`` from reset states leaves allocated when it returns (its
+    outputs and final states, and what it keeps for the backward): MiB, and over its outputs' bytes (None
+    off CUDA)."""
+    import torch
+    if device.type != "cuda":
+        return None
+    module.reset()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    ys = module(*xs)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base
+    ys = ys if isinstance(ys, tuple) else (ys,)
+    output_bytes = sum(y.numel() * y.element_size() for y in ys)
+    del ys
+    module.reset()
+    return held / 2 ** 20, held / output_bytes
+
+
 def _inside(context: Callable, fn: Callable) -> Callable:
     """``fn`` called inside a fresh ``context()`` each time."""
     def call(*args):
@@ -196,10 +221,11 @@ def _inside(context: Callable, fn: Callable) -> Callable:
     return call
 
 
-def _runner(module, xs, mode: str, forward_in: Callable | None = None):
+def _runner(module, xs, mode: str, forward_in: Callable | None = None, upstream: list | None = None):
     """A call of ``module`` from reset states (training: then the gradients of the inputs and learnable
     parameters). ``forward_in``: a context (e.g. autocast) each call's forward runs in, made afresh per
-    call; the backward runs outside it, as in a training step."""
+    call; the backward runs outside it, as in a training step. ``upstream``: the outputs' gradients
+    (random ones, drawn at the first call, where it is empty: a list two runners can share)."""
     import torch
     params = [p for p in module.parameters() if p.requires_grad]
     call = module if forward_in is None else _inside(forward_in, module)
@@ -209,15 +235,14 @@ def _runner(module, xs, mode: str, forward_in: Callable | None = None):
             with torch.no_grad():
                 return call(*xs)
         return run
-    grads = None
+    grads = [] if upstream is None else upstream
 
     def run():
-        nonlocal grads
         module.reset()
         ys = call(*xs)
         ys = ys if isinstance(ys, tuple) else (ys,)
-        if grads is None:
-            grads = [torch.randn_like(y) for y in ys]
+        if not grads:
+            grads.extend(torch.randn_like(y) for y in ys)
         return torch.autograd.grad(ys, [*xs, *params], grads, allow_unused=True)
     return run
 
@@ -382,6 +407,8 @@ def run_bench(args) -> list[Result]:
     params, sizes = parse_params(args.param), parse_sizes(args.size)
     for spec in args.specs:
         ours = load(spec, params=params, sizes=sizes, plugins=args.plugin, backend="triton").to(device)
+        recomputing = load(spec, params=params, sizes=sizes, plugins=args.plugin, backend="triton",
+                           recompute=True).to(device) if args.recompute else None
         reference = load(spec, params=params, sizes=sizes, plugins=args.plugin, backend="torch").to(device)
         info = ours.info
         name = ours.spec.name
@@ -396,6 +423,14 @@ def run_bench(args) -> list[Result]:
                     for mode in args.mode:
                         floor_ms = floor_bytes(info, T, n, xs[0].element_size(), mode) / bandwidth * 1e3
                         impls: list[tuple[str, Callable | None, str]] = [("flexsn-dsl", _runner(ours, xs, mode), "")]
+                        held = {}  # ours in training: the module, for the memory its forward pass holds
+                        upstream: list = []  # the recompute row's output gradients, for its comparison
+                        if mode == "training":
+                            held["flexsn-dsl"] = ours
+                            if recomputing is not None:
+                                impls.append(("flexsn-dsl recompute",
+                                              _runner(recomputing, xs, mode, upstream=upstream), ""))
+                                held["flexsn-dsl recompute"] = recomputing
                         if "minimal" in args.peers:
                             minimal = minimal_runner(ours, xs, mode)
                             impls.append(("minimal Function", minimal, "" if minimal else
@@ -431,6 +466,8 @@ def run_bench(args) -> list[Result]:
                                     r.extra["first_call_s"] = time.perf_counter() - start
                                     if expected is not None:
                                         r.max_abs_diff = _diff(got, expected)
+                                    if label == "flexsn-dsl recompute":
+                                        r.max_abs_diff = _diff(got, _runner(ours, xs, mode, upstream=upstream)())
                                     r.ms = timer(fn)
                                     # a failed capture can poison the CUDA context (seen on the H200 with
                                     # the eager torch loop and SpikingJelly in training): peers are
@@ -441,6 +478,9 @@ def run_bench(args) -> list[Result]:
                                         except Exception as exc:
                                             r.note += f" (no CUDA graph: {type(exc).__name__})"
                                     r.peak_mib = _peak(device, fn)
+                                    memory = held_after_forward(device, held[label], xs) if label in held else None
+                                    if memory is not None:
+                                        r.extra["held_mib"], r.extra["held_per_output"] = memory
                                     r.host_ms = host_ms(device, fn)
                                     timed.append((r, fn))
                                 except Exception as exc:
@@ -485,6 +525,8 @@ def _print_row(r: Result) -> None:
     peak = f"{r.peak_mib:8.1f}" if r.peak_mib is not None else "       -"
     diff = f"{r.max_abs_diff:.1e}" if r.max_abs_diff is not None else "-"
     host = f"  host {r.host_ms:.3f} ms" if r.host_ms is not None else ""
+    if "held_mib" in r.extra:
+        host += f"  held {r.extra['held_mib']:.1f} MiB ({r.extra['held_per_output']:.2f}x outputs)"
     print(f"{r.spec:14s} {r.mode:10s} {r.dtype:9s} T={r.T:<5d} N={r.neurons:<8d} {r.impl:22s} {ms} ms (graph {graph})  "
           f"floor {floor} ms {ratio}  peak {peak} MiB  diff {diff}{host}  {r.note}", flush=True)
 

@@ -10,6 +10,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .compiler import Compiled, compile_spec
 from .errors import MissingDependency, ShapeError, SpecError
@@ -19,6 +20,7 @@ from .symbolic import draw_of
 
 BACKENDS = ("auto", "torch", "triton")
 STEP_MODES = ("s", "m")
+MIN_CHUNK = 64  # recompute=True: the fewest steps of a chunk (fewer, longer launches; see recompute_chunk)
 
 
 class FlexSN(nn.Module):
@@ -40,16 +42,24 @@ class FlexSN(nn.Module):
     (from ``values``, else initialised as ``nn.Linear``'s weight; N from ``sizes["N"]`` or
     that tensor). Each step takes ``r_t = s_{t-1} @ r_weight.T`` over the last dimension of the
     inputs; ``states["r_prev"]`` carries the last ``s`` across calls (zero after :meth:`reset`).
+
+    ``recompute`` (True, or the steps of a chunk): a training call keeps only its outputs and the
+    states at the start of every chunk of steps, and the backward computes each chunk's states again
+    from them (:func:`recompute_chunk`).
     """
 
     def __init__(self, compiled: Compiled, step_mode: str = "m", backend: str = "auto",
                  store_state_seqs: bool = False, sizes: dict[str, int] | None = None,
-                 values: dict[str, torch.Tensor] | None = None):
+                 values: dict[str, torch.Tensor] | None = None, recompute: bool | int = False):
         super().__init__()
         if step_mode not in STEP_MODES:
             raise ValueError(f"step_mode must be one of {STEP_MODES}, got {step_mode!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if not isinstance(recompute, int) or (recompute < 1 and recompute is not False):
+            raise ValueError(f"recompute must be True, False or the steps of a chunk (a whole number of at least 1), "
+                             f"got {recompute!r}")
+        self.recompute = recompute
         self._compiled = compiled
         self.step_mode = step_mode
         self.backend = backend
@@ -124,6 +134,10 @@ class FlexSN(nn.Module):
             if self.store_state_seqs:
                 raise SpecError(f"{model.name}: the Triton backend's recurrent kernel does not store state "
                                 "sequences", first.pos, 'use store_state_seqs=False or backend="torch"').with_source(lines)
+            if self.recompute:
+                raise SpecError(f"{model.name}: the Triton backend's recurrent kernel does not recompute states "
+                                "(its weight gradient is one product over every step's saved values)", first.pos,
+                                'use recompute=False or backend="torch"').with_source(lines)
         for r in model.recurrent.values():
             # (no module attribute ends in _weight; the model refuses a parameter or state named so)
             given = weights.get(r.weight_name)
@@ -169,7 +183,8 @@ class FlexSN(nn.Module):
     def extra_repr(self) -> str:
         parameters = ", ".join(f"{name}={text}" for name, text in self.parameter_texts().items())
         return (f"neuron={self.spec.name!r}, step_mode={self.step_mode!r}, backend={self.backend!r}, "
-                f"surrogate={self.spec.surrogate.name!r}" + (f"\n{parameters}" if parameters else ""))
+                f"surrogate={self.spec.surrogate.name!r}" + (f", recompute={self.recompute!r}" if self.recompute else "")
+                + (f"\n{parameters}" if parameters else ""))
 
     def parameter_texts(self) -> dict[str, str]:
         """Each parameter (recurrent weights too) as text: a scalar's value, a tensor's shape and the
@@ -201,6 +216,7 @@ class FlexSN(nn.Module):
     def __setstate__(self, state):
         file, text, values, passes = state.pop("_spec_source")
         state.setdefault("_plugin_files", ())
+        state.setdefault("recompute", False)
         state["_compiled"] = compile_spec(file, text=text, params=values, passes=passes,
                                           plugins=state["_plugin_files"])
         self.__dict__.update(state)
@@ -294,7 +310,8 @@ class FlexSN(nn.Module):
         if self.spec.recurrent and self._triton_error is None:
             from .triton_recurrent import unsupported
             n = next(getattr(self, r.weight_name).shape[0] for r in self.spec.recurrent.values())
-            reason = unsupported(self._compiled, n) or ("store_state_seqs" if self.store_state_seqs else None)
+            reason = unsupported(self._compiled, n) or ("store_state_seqs" if self.store_state_seqs else None) \
+                or ("recompute=True" if self.recompute else None)
             if reason is None:
                 return "triton"
             self._triton_error = SpecError(f"{self.spec.name}: {reason}")  # said once; the torch step from now on
@@ -320,7 +337,8 @@ class FlexSN(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         # the shortcut of a call like the last one (inference or training), from reset states (checks of its own)
         if not torch.compiler.is_compiling() and self._fast is not None and len(inputs) == 1 and not self.states \
-                and self.backend != "torch" and self.step_mode == "m" and not self.store_state_seqs:
+                and self.backend != "torch" and self.step_mode == "m" and not self.store_state_seqs \
+                and not self.recompute:
             result = self._fast(inputs[0])
             if result is not None:
                 outputs, finals = result
@@ -365,8 +383,9 @@ class FlexSN(nn.Module):
             seqs = []
         else:
             outputs, finals, seqs = triton_runtime().run_triton(self._compiled, inputs, states, params,
-                                                                self.store_state_seqs)
-            if not (states or single or self.store_state_seqs or torch.compiler.is_compiling()):  # from reset states
+                                                                self.store_state_seqs, self._chunk(x.shape[0]))
+            if not (states or single or self.store_state_seqs or self.recompute
+                    or torch.compiler.is_compiling()):  # from reset states
                 _set(self, "_fast", triton_runtime().direct_call(self._compiled, x))  # (None: not such a call)
         carry = dict(zip(spec.states, finals))
         if spec.recurrent:
@@ -411,6 +430,10 @@ class FlexSN(nn.Module):
                        else prev.to(device=x.device, dtype=x.dtype))
         return out
 
+    def _chunk(self, steps: int) -> int:
+        """The steps of a chunk of a call over ``steps`` steps (:func:`recompute_chunk`), 0 without recompute."""
+        return recompute_chunk(self.recompute, steps) if self.recompute else 0
+
     def _run_torch(self, inputs: Sequence[torch.Tensor], states: list[torch.Tensor], fed: list[torch.Tensor],
                    params: dict[str, torch.Tensor]):
         step = self._compiled.torch_namespace["step"]
@@ -426,20 +449,38 @@ class FlexSN(nn.Module):
         weights = [getattr(self, r.weight_name).to(compute) for r in self.spec.recurrent.values()]
         states = [s.to(compute) if isinstance(s, torch.Tensor) else s for s in states]
         fed = [f.to(compute) for f in fed]
-        per_step_outputs, per_step_states = [], []
         draws = [(d.name, torch.rand if draw_of(d)[0] == "rand" else torch.randn) for d in self._compiled.ir.used_draws]
-        for t in range(inputs[0].shape[0]):
-            xs = [x[t].to(compute) for x in inputs]
-            drawn = {name: draw(xs[0].shape, dtype=compute, device=xs[0].device) for name, draw in draws}
-            if weights:  # r_t[..., i] = sum_j W[i, j] * source_{t-1}[..., j]
-                outs, states, fed = step(*xs, *(f @ w.T for f, w in zip(fed, weights)), *states, **params, **drawn)
-                fed = [_like(f, xs[0]) for f in fed]
-            else:
-                outs, states = step(*xs, *states, **params, **drawn)
-            states = [_like(s, xs[0]) for s in states]
-            per_step_outputs.append([_like(o, xs[0]) for o in outs])
-            if self.store_state_seqs:
-                per_step_states.append(states)
+
+        def steps(t0: int, t1: int, states: list, fed: list) -> tuple[list, list, list, list]:
+            """Steps t0 to t1 - 1: each step's outputs (and states, if stored), then the last states and fed values."""
+            per_step_outputs, per_step_states = [], []
+            for t in range(t0, t1):
+                xs = [x[t].to(compute) for x in inputs]
+                drawn = {name: draw(xs[0].shape, dtype=compute, device=xs[0].device) for name, draw in draws}
+                if weights:  # r_t[..., i] = sum_j W[i, j] * source_{t-1}[..., j]
+                    outs, states, fed = step(*xs, *(f @ w.T for f, w in zip(fed, weights)), *states, **params,
+                                             **drawn)
+                    fed = [_like(f, xs[0]) for f in fed]
+                else:
+                    outs, states = step(*xs, *states, **params, **drawn)
+                states = [_like(s, xs[0]) for s in states]
+                per_step_outputs.append([_like(o, xs[0]) for o in outs])
+                if self.store_state_seqs:
+                    per_step_states.append(states)
+            return per_step_outputs, per_step_states, states, fed
+
+        T = inputs[0].shape[0]
+        graph = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                for t in (*inputs, *states, *fed, *params.values(), *weights))
+        chunk = self._chunk(T) if graph else 0
+        if not chunk:
+            per_step_outputs, per_step_states, states, fed = steps(0, T, states, fed)
+        else:  # each chunk's graph recorded as usual, its saved values computed again in the backward: the same sums
+            per_step_outputs, per_step_states = [], []
+            for t0 in range(0, T, chunk):
+                outs, seqs, states, fed = checkpoint(steps, t0, min(t0 + chunk, T), states, fed, use_reentrant=False)
+                per_step_outputs += outs
+                per_step_states += seqs
         outputs = [torch.stack([o[k] for o in per_step_outputs]).to(storage) for k in range(len(self.spec.outputs))]
         seqs = [torch.stack([s[k] for s in per_step_states]).to(storage) for k in range(len(self.spec.states))] \
             if self.store_state_seqs else []
@@ -525,9 +566,17 @@ def _neurons(net: nn.Module) -> list[FlexSN]:
     return out
 
 
+def recompute_chunk(recompute: bool | int, steps: int) -> int:
+    """The steps of a chunk with ``recompute`` over ``steps`` steps: the number given, else (True) about
+    the square root of ``steps`` and at least :data:`MIN_CHUNK`. A chunk of C steps keeps the states once
+    per C steps after the forward pass (states / C of the outputs' bytes per output: 4 states at C = 64
+    add 6%) and holds one chunk's saved values during the backward; fewer steps per chunk mean more launches."""
+    return int(recompute) if recompute is not True else max(MIN_CHUNK, math.isqrt(max(steps - 1, 0)) + 1)
+
+
 def load(path: str | os.PathLike, params: dict[str, float | torch.Tensor] | None = None, step_mode: str = "m",
          backend: str = "auto", store_state_seqs: bool = False, plugins: Iterable[str] = (),
-         passes: Iterable[str] = (), sizes: dict[str, int] | None = None) -> FlexSN:
+         passes: Iterable[str] = (), sizes: dict[str, int] | None = None, recompute: bool | int = False) -> FlexSN:
     """Load a spec file as an ``nn.Module``.
 
     ``params`` overrides parameter values: numbers, or tensors (a shaped parameter's tensor
@@ -535,18 +584,22 @@ def load(path: str | os.PathLike, params: dict[str, float | torch.Tensor] | None
     [N, N] gives its weight); ``sizes`` gives the size names used in parameter shapes
     (``{"C": 64}``; ``{"N": 256}``: the neurons of a recurrent spec); ``plugins`` are extra plugin files (Python files with
     ``@flexsn_dsl.hookimpl`` functions); ``passes`` enables code-generation passes by name.
+    ``recompute``: train with less memory: a training call keeps its outputs and the states every C
+    steps only (C: the number given, or about sqrt(T) and at least 64 for True), and the backward
+    computes the states again chunk by chunk, with the same outputs and gradients (see docs/python-api.md).
     Raises :class:`flexsn_dsl.SpecError` on a bad spec, :class:`flexsn_dsl.ShapeError` on a
     tensor that does not fit.
     """
-    return _load(path, None, params, step_mode, backend, store_state_seqs, plugins, passes, sizes)
+    return _load(path, None, params, step_mode, backend, store_state_seqs, plugins, passes, sizes, recompute)
 
 
 def loads(text: str, params: dict[str, float | torch.Tensor] | None = None, step_mode: str = "m",
           backend: str = "auto", store_state_seqs: bool = False, plugins: Iterable[str] = (),
-          passes: Iterable[str] = (), filename: str = "<string>", sizes: dict[str, int] | None = None) -> FlexSN:
+          passes: Iterable[str] = (), filename: str = "<string>", sizes: dict[str, int] | None = None,
+          recompute: bool | int = False) -> FlexSN:
     """Like :func:`load`, from spec text (a str, or UTF-8 bytes)."""
     return _load(filename, spec_text(text, filename), params, step_mode, backend, store_state_seqs, plugins, passes,
-                 sizes)
+                 sizes, recompute)
 
 
 def _plugin_paths(plugins: Iterable[str] | str) -> tuple[str, ...]:
@@ -556,7 +609,7 @@ def _plugin_paths(plugins: Iterable[str] | str) -> tuple[str, ...]:
     return tuple(str(Path(p).expanduser().resolve()) for p in plugins)
 
 
-def _load(source, text, params, step_mode, backend, store_state_seqs, plugins, passes, sizes) -> FlexSN:
+def _load(source, text, params, step_mode, backend, store_state_seqs, plugins, passes, sizes, recompute) -> FlexSN:
     """Compile with the numbers of ``params``, then build the module with the shaped parameters' tensors."""
     plugins = _plugin_paths(plugins)
     tensors = {k: v for k, v in params.items() if isinstance(v, torch.Tensor) and v.dim() > 0} \
@@ -572,6 +625,6 @@ def _load(source, text, params, step_mode, backend, store_state_seqs, plugins, p
         scalars = {k: v for k, v in tensors.items() if k not in shaped and k not in weights}
         compiled = compile_spec(source, text=text, params={**numbers, **scalars}, plugins=plugins, passes=passes)
     m = FlexSN(compiled, step_mode=step_mode, backend=backend, store_state_seqs=store_state_seqs, sizes=sizes,
-               values={**shaped, **weights})
+               values={**shaped, **weights}, recompute=recompute)
     m._plugin_files = plugins  # so that copies and unpickled modules find the same plugins
     return m

@@ -18,7 +18,10 @@ Flags (constexpr, so each setting compiles to its own kernel without dead branch
 ``_CONST_INIT`` starts the states from the spec's constant initial values instead of
 reading ``<state>__init`` (a fresh or reset module); ``_HAS_FINAL_GRADS`` and
 ``_HAS_STATE_GRADS`` say which upstream state gradients exist; ``_WRITE_INIT_GRADS``
-says whether the initial states need gradients. The recurrent kernels' ``_PRECISION`` is the
+says whether the initial states need gradients; ``_CARRY_SUMS`` (a backward with learnable
+parameters) starts each neuron's running parameter-gradient sums from ``_grad_sums`` [P, N] and
+stores them back at the end, so that a backward run over consecutive chunks of steps, last chunk
+first, adds the same terms in the same order as one launch over all steps (recompute). The recurrent kernels' ``_PRECISION`` is the
 ``input_precision`` of their ``tl.dot`` (``"tf32x3"``, ``"ieee"`` or ``"tf32"``, from the runtime).
 
 Draws (``rand()``, ``randn()``): a spec with draws takes ``_seed``, an int64 pair (the call's seed, the
@@ -265,6 +268,7 @@ def _backward_kernel(cores: Cores) -> str:
     param_args, param_comment = _param_args(info)
     grads = ["_params_grad"] if info.scalar_params else []
     grads += [f"{n}__{k}" for n in info.learnable_shaped for k in ("grad", "split")]
+    grads += ["_grad_sums"] if info.param_names else []
     tiled = bool(info.learnable_shaped)
     shape = "[_ROWS, _COLS]" if tiled else "[_BLOCK]"
     lines = _signature(info, "backward", [
@@ -273,16 +277,19 @@ def _backward_kernel(cores: Cores) -> str:
         (kept, "what the forward kept"),
         (grad_in + [f"{n}__grad_init" for n in info.state_names], "written"),
         (param_args, param_comment),
-        (grads, "partial parameter gradients: scalars [programs, P]; shaped [row tiles, segments, split]"
-         if tiled else "partial parameter gradients [programs, P]"),
+        (grads, ("partial parameter gradients: scalars [programs, P]; shaped [row tiles, segments, split]"
+                 if tiled else "partial parameter gradients [programs, P]") + "; running sums [P, N]"),
         _seed_args(info),
-    ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr",
-        TILE_SIZES if tiled else BLOCK_SIZES)
+    ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr"
+        + (", _CARRY_SUMS: tl.constexpr" if info.param_names else ""), TILE_SIZES if tiled else BLOCK_SIZES)
     lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
     lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled) + _seed_load(info, "_N", not tiled)
     lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names],
                  [f"{I1}{n}__grad_acc = tl.zeros({shape}, dtype=_DTYPE)" for n in info.state_names])
-    lines += [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names]
+    sums = ["_grad_sums + _offs"] + [f"_grad_sums + {k} * tl.cast(_N, tl.int64) + _offs"
+                                     for k in range(1, len(info.param_names))]
+    lines += _if("_CARRY_SUMS", [f"{I1}{n}__grad_sum = {_load(p)}" for n, p in zip(info.param_names, sums)],
+                 [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names])
     lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
     lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
@@ -301,6 +308,7 @@ def _backward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{p}_ptr -= _N" for p in walking]
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names])
+    lines += _if("_CARRY_SUMS", [f"{I1}{_store(p, f'{n}__grad_sum')}" for n, p in zip(info.param_names, sums)])
     # one row of scalar partial sums per program, in launch order
     program, total = ("(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))", "tl.sum(tl.sum({}, axis=1), axis=0)") \
         if tiled else ("tl.program_id(0)", "tl.sum({}, axis=0)")

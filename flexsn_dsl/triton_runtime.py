@@ -218,9 +218,13 @@ class Plan:
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
         self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
+        carry = {"_CARRY_SUMS": False} if info.param_names else {}  # (a backward with learnable parameters)
         self.backward_flags = {
-            flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2]}
+            flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2],
+                    **carry}
             for flags in itertools.product((False, True), repeat=3)}
+        # the same, carrying the running parameter-gradient sums across launches (recompute)
+        self.carrying_flags = {flags: {**keywords, "_CARRY_SUMS": True} for flags, keywords in self.backward_flags.items()}
         # each forward launch by (training, store_seqs, constant initial states): its variant and keywords
         self.forwards = {
             (training, seqs, const): (("forward" if training else "inference") + ("" if seqs else "_final_state"),
@@ -391,19 +395,28 @@ def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, stor
     saved = [torch.empty_like(like) for _ in range(plan.n_saved)] if training else []
     seqs = [torch.empty_like(like) for _ in range(n_st)] if store_seqs else []
     finals = [like.new_empty(plan.step_sizes) for _ in range(n_st)]
-    inits = [like] * n_st if const_init else [_contiguous(s) for s in inits]  # (any pointer: unread when constant)
     if plan.T == 0:
         finals = [f.fill_(v) for f, v in zip(finals, plan.info.initial_values)] if const_init else \
             [s.clone() for s in inits]
     elif plan.n > 0:
-        variant, flags = plan.forwards[training, store_seqs, const_init]
-        plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout),
-                              *_seed_arg(seed)], flags, traced)
+        _launch_forward(plan, xs, [_contiguous(s) for s in inits], outs, saved, seqs, finals, params, shaped, layout,
+                        training, store_seqs, traced, seed)
     return outs, saved, seqs, finals, xs
 
 
 def _seed_arg(seed: torch.Tensor | None) -> list:
     return [] if seed is None else [seed]
+
+
+def _launch_forward(plan: Plan, xs, inits, outs, saved, seqs, finals, params, shaped, layout, training: bool,
+                    store_seqs: bool, traced: bool = False, seed: torch.Tensor | None = None) -> None:
+    """Launch the forward kernel of ``plan`` (T >= 1) writing into the tensors given (contiguous); empty
+    ``inits``: the spec's constant initial states; ``seed``: the draws' (:func:`new_seed`)."""
+    const_init = not inits and plan.n_st > 0
+    inits = [xs[0]] * plan.n_st if const_init else inits  # (any pointer: unread when constant)
+    variant, flags = plan.forwards[training, store_seqs, const_init]
+    plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout),
+                          *_seed_arg(seed)], flags, traced)
 
 
 def _param_args(params, shaped, layout) -> list:
@@ -430,12 +443,16 @@ def kept_inputs(info) -> tuple[bool, ...]:
 
 
 def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool,
-              traced: bool = False, seed: torch.Tensor | None = None):
+              traced: bool = False, into: tuple[list, list] | None = None, sums: torch.Tensor | None = None,
+              seed: torch.Tensor | None = None):
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
     and final states; ``xs`` and ``outs`` as :func:`_forward` returned them, None for the inputs
-    the kernel does not read (:func:`kept_inputs`). ``traced``: see :meth:`Plan.launch`."""
+    the kernel does not read (:func:`kept_inputs`). ``traced``: see :meth:`Plan.launch`. ``into``:
+    the (contiguous) tensors to write the gradients of the inputs and initial states into (T >= 1);
+    ``sums``: each learnable parameter's running gradient sums per neuron [P, N] in the compute dtype,
+    which the kernel starts from and updates (``_CARRY_SUMS``)."""
     T, n, shape, step = plan.T, plan.n, plan.shape, plan.step_sizes
     n_out, n_st = plan.n_out, plan.n_st
     like = outs[0]  # (a spec has outputs) of the inputs' shape, dtype and device, contiguous
@@ -452,8 +469,8 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         grad_params = params.new_zeros(params.shape) if params is not None else None
         grad_shaped = [torch.zeros_like(v) if grad else None for v, grad in zip(shaped, learnable)]
     else:
-        grad_x = [torch.empty_like(x) for x in xs]
-        grad_init = [like.new_empty(step) for _ in range(n_st)] if init_grads else []
+        grad_x, grad_init = into or ([torch.empty_like(x) for x in xs],
+                                     [like.new_empty(step) for _ in range(n_st)] if init_grads else [])
         unused = like  # a valid pointer for arguments a flag leaves unread (one the kernel does not write)
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *xs,
                 *outs, *grad_x, *(grad_init or [unused] * n_st)]
@@ -467,18 +484,21 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                 if grad:
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
-            args += [a for p in partials.values() for a in (p, p.shape[2])] + _seed_arg(seed)
-            plan.source.launch_tiled("backward", tiling, args + [T, n, tiling.period], traced,
-                                     _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
-                                     _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads)
+            args += [a for p in partials.values() for a in (p, p.shape[2])]
+            plan.source.launch_tiled("backward", tiling, args + [like if sums is None else sums, *_seed_arg(seed), T, n,
+                                                                 tiling.period],
+                                     traced, _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
+                                     _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads,
+                                     _CARRY_SUMS=sums is not None)
             programs = tiling.programs
             grad_shaped = [_shaped_gradient(partials[k], v.numel()) if k in partials else None
                            for k, v in enumerate(shaped)]
         else:
             partial = params.new_zeros((plan.programs, params.shape[0])) if params is not None else None
-            programs = plan.launch("backward", args + ([partial] if partial is not None else []) + _seed_arg(seed),
-                                   plan.backward_flags[grad_seqs is not None, grad_finals is not None, init_grads],
-                                   traced)
+            flags = plan.carrying_flags if sums is not None else plan.backward_flags
+            programs = plan.launch("backward", args + ([partial, like if sums is None else sums]
+                                                       if partial is not None else []) + _seed_arg(seed),
+                                   flags[grad_seqs is not None, grad_finals is not None, init_grads], traced)
             grad_shaped = [None] * len(shaped)
         if partial is not None:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
@@ -516,6 +536,120 @@ class _TritonSteps(torch.autograd.Function):
         init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[1 + n_seed + n_params + n_shaped + n_in:])
         grad_x, grad_init, grad_params, grad_shaped = _backward(plan, store_seqs, grads, saved, xs, outs, params,
                                                                 shaped, layout, init_grads, seed=seed)
+        return (None, *[None] * n_seed, *(grad_params.unbind(0) if grad_params is not None else ()), *grad_shaped,
+                *grad_x, *(grad_init or [None] * ctx.n_inits))
+
+
+def _chunk_plans(plan: Plan, chunk: int, dtype: torch.dtype) -> list[tuple[int, Plan]]:
+    """The plan of each chunk of ``chunk`` steps of a call of ``plan`` (the last one shorter where
+    ``chunk`` does not divide T), with its first step. Never autotuned: autotuning runs a kernel several
+    times, which would add the running sums that the backward carries (``_CARRY_SUMS``) more than once."""
+    settings = launch_settings()._replace(autotune=False)
+    return [(t0, plan.source.plan(torch.Size((min(chunk, plan.T - t0), *plan.step)), dtype, settings))
+            for t0 in range(0, plan.T, chunk)]
+
+
+def _seed_from(seed: torch.Tensor | None, t0: int) -> torch.Tensor | None:
+    """The seed of a launch over the steps from ``t0`` on: the draws of those steps of the whole call."""
+    return None if seed is None else seed + seed.new_tensor([0, t0])
+
+
+def _checkpointed_forward(plan: Plan, chunk: int, xs, inits, params, shaped, layout, store_seqs: bool, seed=None):
+    """The inference kernel over one chunk of steps at a time, each from the states the last one ended
+    with (the first from ``inits``, contiguous, or the constant initial states where there are none):
+    (outputs, state sequences (if stored), final states, checkpoints: the states before each
+    chunk after the first, kept in the compute dtype so that a chunk restarts from the very values
+    a single launch carries from step to step)."""
+    like = xs[0]
+    step, n_st = plan.step_sizes, plan.n_st
+    compute = _torch_compute_dtype(like.dtype)
+    outs = [torch.empty_like(like) for _ in range(plan.n_out)]
+    seqs = [torch.empty_like(like) for _ in range(n_st)] if store_seqs else []
+    finals = [like.new_empty(step) for _ in range(n_st)]
+    checkpoints: list[torch.Tensor] = []
+    starts = inits
+    for t0, sub in _chunk_plans(plan, chunk, like.dtype):
+        t1 = t0 + sub.T
+        ends = finals if t1 == plan.T else [like.new_empty(step, dtype=compute) for _ in range(n_st)]
+        _launch_forward(sub, [x[t0:t1] for x in xs], starts, [o[t0:t1] for o in outs], [], [s[t0:t1] for s in seqs],
+                        ends, params, shaped, layout, False, store_seqs, seed=_seed_from(seed, t0))
+        if t1 < plan.T:
+            checkpoints += ends
+            starts = ends
+    return outs, seqs, finals, checkpoints
+
+
+def _checkpointed_backward(plan: Plan, chunk: int, store_seqs: bool, grads, xs, outs, inits, checkpoints, params,
+                           shaped, layout, init_grads: bool, seed=None):
+    """:func:`_backward` from :func:`_checkpointed_forward`'s checkpoints: for each chunk, last to first,
+    the training forward kernel again from the chunk's first states (its saved values into buffers of one
+    chunk), then the backward kernel over the chunk from the state gradients and running parameter-gradient
+    sums the later chunk left (kept in the compute dtype): every gradient is that of one launch over all
+    steps, bit for bit (the same terms added in the same order; the last chunk's launch reduces the sums)."""
+    like = outs[0]
+    step, n_out, n_st = plan.step_sizes, plan.n_out, plan.n_st
+    compute = _torch_compute_dtype(like.dtype)
+    chunks = _chunk_plans(plan, chunk, like.dtype)
+    longest = (chunks[0][1].T, *step)
+    saved = [like.new_empty(longest) for _ in range(plan.n_saved)]
+    scratch = [like.new_empty(longest) for _ in range(n_out)]  # the outputs computed again (equal to ``outs``)
+    ends = [like.new_empty(step, dtype=compute) for _ in range(n_st)]  # the final states computed again: unread
+    grad_x = [torch.empty_like(x) for x in xs]
+    carry = list(grads[len(grads) - n_st:])  # the gradients of the states after the chunk
+    kept = [x if keep else None for x, keep in zip(xs, plan.kept_inputs)]
+    names = plan.info.param_names
+    sums = like.new_zeros((len(names), plan.n), dtype=compute) if names else None
+    for k in reversed(range(len(chunks))):
+        t0, sub = chunks[k]
+        t1, length = t0 + sub.T, sub.T
+        starts = list(inits) if k == 0 else checkpoints[(k - 1) * n_st:k * n_st]
+        chunk_saved = [s[:length] for s in saved]
+        at = _seed_from(seed, t0)
+        _launch_forward(sub, [x[t0:t1] for x in xs], starts, [o[:length] for o in scratch], chunk_saved, [], ends,
+                        params, shaped, layout, True, False, seed=at)
+        begin = ([like.new_empty(step) for _ in range(n_st)] if init_grads else []) if k == 0 else \
+            [like.new_empty(step, dtype=compute) for _ in range(n_st)]
+        window = [None if g is None else g[t0:t1] for g in grads[:n_out + (n_st if store_seqs else 0)]] + carry
+        _, _, grad_params, grad_shaped = _backward(
+            sub, store_seqs, window, chunk_saved, [None if x is None else x[t0:t1] for x in kept],
+            [o[t0:t1] for o in outs], params, shaped, layout, bool(begin), into=([g[t0:t1] for g in grad_x], begin),
+            sums=sums, seed=at)
+        carry = begin
+    return grad_x, carry, grad_params, grad_shaped
+
+
+class _RecomputedSteps(torch.autograd.Function):
+    """:class:`_TritonSteps` keeping for the backward only the inputs, outputs, parameters and the states
+    at the start of every chunk of steps (:func:`_checkpointed_forward`); the backward computes the saved
+    values again, one chunk at a time (:func:`_checkpointed_backward`). ``call``: _TritonSteps' call and
+    the steps of a chunk."""
+
+    @staticmethod
+    def forward(ctx, call: tuple, *tensors):
+        plan, store_seqs, n_inputs, layout, n_shaped, n_params, chunk = call
+        seed, tensors = (tensors[0], tensors[1:]) if plan.info.draws else (None, tensors)
+        n_x = n_params + n_shaped + n_inputs
+        params = _stack(list(tensors[:n_params]))
+        shaped, xs, inits = tensors[n_params:n_params + n_shaped], tensors[n_params + n_shaped:n_x], tensors[n_x:]
+        xs, inits = [_contiguous(x) for x in xs], [_contiguous(s) for s in inits]
+        outs, seqs, finals, checkpoints = _checkpointed_forward(plan, chunk, xs, inits, params, shaped, layout,
+                                                                store_seqs, seed)
+        ctx.call, ctx.n_inits = call, len(inits)
+        ctx.save_for_backward(seed, params, *shaped, *xs, *outs, *inits, *checkpoints)
+        ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
+        return (*outs, *seqs, *finals)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        plan, store_seqs, n_in, layout, n_shaped, n_params, chunk = ctx.call
+        seed, params, *tensors = ctx.saved_tensors
+        a, b, c = n_shaped + n_in, n_shaped + n_in + plan.n_out, n_shaped + n_in + plan.n_out + ctx.n_inits
+        shaped, xs, outs, inits, checkpoints = tensors[:n_shaped], tensors[n_shaped:a], tensors[a:b], tensors[b:c], \
+            tensors[c:]
+        n_seed = 0 if seed is None else 1
+        init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[1 + n_seed + n_params + n_shaped + n_in:])
+        grad_x, grad_init, grad_params, grad_shaped = _checkpointed_backward(
+            plan, chunk, store_seqs, grads, xs, outs, inits, checkpoints, params, shaped, layout, init_grads, seed)
         return (None, *[None] * n_seed, *(grad_params.unbind(0) if grad_params is not None else ()), *grad_shaped,
                 *grad_x, *(grad_init or [None] * ctx.n_inits))
 
@@ -595,7 +729,7 @@ def _backward_results(plan: Plan, traced: bool, store_seqs: bool, grads, saved, 
     """:func:`_backward`'s results as the backward operators return them (see :func:`_fused_backward`)."""
     grad_x, grad_init, grad_params, grad_shaped = _backward(
         plan, store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs], outs, params, shaped,
-        layout, init_grads, traced, seed)
+        layout, init_grads, traced, seed=seed)
     return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
             *[g for g in grad_shaped if g is not None]]
 
@@ -815,16 +949,21 @@ def direct_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Tenso
 
 
 def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[torch.Tensor],
-               params: dict[str, torch.Tensor], store_seqs: bool):
+               params: dict[str, torch.Tensor], store_seqs: bool, chunk: int = 0):
     """Run T steps with the generated kernels; returns (outputs, final states, state sequences).
     Empty ``states``: start from the spec's constant initial values. ``params`` holds every runtime
-    parameter (learnable scalars, and shaped ones that broadcast to a step)."""
+    parameter (learnable scalars, and shaped ones that broadcast to a step). ``chunk`` > 0: a training
+    call keeps the states every ``chunk`` steps instead of the saved values of every step
+    (:class:`_RecomputedSteps`)."""
     model = compiled.model
     like = inputs[0]
     param_list, shaped, layout = kernel_params(compiled, params, like) if params else ([], [], [])
     n_out, n_st = len(model.outputs), len(model.states)
     seed = new_seed(like) if model.draws else None
     if torch.compiler.is_compiling():  # an opaque operator; registered by FlexSN.__init__
+        if chunk:
+            raise RuntimeError(f"{model.name}: recompute does not run under torch.compile on the Triton backend: "
+                               "compile a module loaded without recompute, or run this one eagerly")
         results = fused_steps(compiled.module_name, store_seqs, list(inputs), list(states), param_list, shaped,
                               layout, seed)
         seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
@@ -838,9 +977,12 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
             outs, _, seqs, finals, _ = _forward(plan, inputs, states, _stack(param_list), shaped, layout, False,
                                                 store_seqs, seed=seed)
         return outs, finals, seqs
+    call = (plan, store_seqs, len(inputs), tuple(layout), len(shaped), len(param_list))
     with on_device(like):  # (the backward runs on the autograd engine's thread for that device)
-        results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped), len(param_list)),
-                                     *_seed_arg(seed), *param_list, *shaped, *inputs, *states)
+        if chunk > 0 and plan.T > 0 and plan.n > 0:
+            results = _RecomputedSteps.apply((*call, chunk), *_seed_arg(seed), *param_list, *shaped, *inputs, *states)
+        else:
+            results = _TritonSteps.apply(call, *_seed_arg(seed), *param_list, *shaped, *inputs, *states)
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
     return outs, list(results[len(results) - n_st:]), seqs

@@ -451,3 +451,19 @@ def test_simulate_seed_repeats_a_noisy_run_and_leaves_the_generator_alone(capsys
     assert runs[0] == runs[1]
     assert main(["simulate", str(spec), "--steps", "20"]) == 0
     assert "repeat the run with --seed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recompute_sees_the_same_draws(backend):
+    """recompute=True runs chunks of steps, each chunk's draws those of its steps in the whole call: outputs
+    and gradients are the bits of the saving path."""
+    runs = []
+    for recompute in (False, 4):
+        m = flexsn_dsl.loads(NOISY, backend=backend, recompute=recompute).double()
+        torch.manual_seed(0)
+        x = (torch.rand(11, 6, dtype=torch.float64) * 1.5).requires_grad_()
+        s, n, u = m(x)
+        (s * torch.arange(1.0, 7.0, dtype=torch.float64)).sum().backward()
+        runs.append((s, n, u, x.grad, m.sigma.grad, m.p.grad))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

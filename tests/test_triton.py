@@ -507,7 +507,7 @@ fn = compile_spec(text=sys.stdin.read()).triton_module().shared_backward_kernel
 signature = {a: "*fp32" for a in fn.arg_names}
 signature.update(_T="i32", _N="i32")
 constants = dict(_BLOCK=128, _DTYPE=tl.float32, _STAGES=1, _HAS_STATE_GRADS=False, _HAS_FINAL_GRADS=False,
-                 _WRITE_INIT_GRADS=False)
+                 _WRITE_INIT_GRADS=False, _CARRY_SUMS=False)
 signature.update({name: "constexpr" for name in constants})
 kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 4})  # one neuron per thread
