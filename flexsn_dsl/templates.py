@@ -106,8 +106,9 @@ def _store(ptr: str, value: str) -> str:
 
 
 # the size and type arguments after ``_T``: a block of neurons, a tile of the tiled backward, the recurrent kernels
-BLOCK_SIZES = "_N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr"
-TILE_SIZES = "_N, _P, _ROWS: tl.constexpr, _COLS: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr"
+BLOCK_SIZES = "_N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr, _TC: tl.constexpr"
+TILE_SIZES = ("_N, _P, _ROWS: tl.constexpr, _COLS: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr, "
+              "_TC: tl.constexpr")
 RECURRENT_SIZES = ("_B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _BLOCK_K: tl.constexpr, "
                    "_DTYPE: tl.constexpr, _DOT_DTYPE: tl.constexpr, _PRECISION: tl.constexpr")
 
@@ -150,6 +151,44 @@ def _tile_head() -> list[str]:
             f"{I1}_mask = (_rows[:, None] < _N // _P) & (_cols[None, :] < _P)"]
 
 
+class _Read(NamedTuple):
+    """A sequence one step reads: ``name`` holds the step's value, ``<seq>_ptr`` walks the sequence
+    through time; ``flag``: a constexpr that says whether it is read at all ("" when always)."""
+    name: str
+    seq: str
+    flag: str = ""
+
+
+def _time_loops(reads: list[_Read], step: list[str], move: str) -> list[str]:
+    """The time loop, in whole tiles of ``_TC`` steps and then the last ``_T % _TC`` steps one at a
+    time. A tile first loads every step's ``reads`` into tuples (``<seq>_tile``: nothing they load
+    depends on the recurrence, so ``_TC`` steps' loads are in flight at once), then runs its steps in
+    order from them. ``step``: the lines of one step once its reads are bound (indented as at the
+    loop's top level); ``move``: ``+=`` when time runs forward, ``-=`` when it runs backward."""
+    def each(template: str, walk: bool) -> list[str]:
+        """A line per read from ``template`` (and its pointer's step when ``walk``), one branch per flag."""
+        def of(r: _Read) -> list[str]:
+            line = template.format(name=r.name, seq=r.seq, load=_load(f"{r.seq}_ptr"))
+            return [line, f"{r.seq}_ptr {move} _N"] if walk else [line]
+        lines = [line for r in reads if not r.flag for line in of(r)]
+        for flag in dict.fromkeys(r.flag for r in reads if r.flag):
+            lines += [f"if {flag}:"] + [I1 + line for r in reads if r.flag == flag for line in of(r)]
+        return lines
+
+    I3 = I2 + I1
+    lines = [f"{I1}_tiled = _T - _T % _TC  # the steps in whole tiles",
+             f"{I1}for _t0 in tl.range(0, _tiled, _TC, num_stages=_STAGES):"]
+    lines += [f"{I2}{r.seq}_tile = ()" for r in reads]
+    lines += [f"{I2}for _k in tl.static_range(_TC):  # the tile's loads first: all of them in flight together"]
+    lines += [I3 + line for line in each("{seq}_tile += ({load},)", True)]
+    lines += [f"{I2}for _k in tl.static_range(_TC):  # then its steps, in order"]
+    lines += [I3 + line for line in each("{name} = {seq}_tile[_k]", False) + step]
+    lines += [f"{I1}for _t in tl.range(_tiled, _T):  # the last _T % _TC steps, one at a time"]
+    lines += [I2 + line for line in each("{name} = {load}", True)]
+    lines += [I2 + line for line in step]
+    return lines
+
+
 def _forward_kernel(cores: Cores, variant: str) -> str:
     """Pointer arguments are named after the spec: ``x__in``, ``s__out``, ``h__saved``,
     ``v__init``, ``v__states`` and ``v__final``; ``<arg>_ptr`` walks one through time."""
@@ -174,16 +213,15 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     lines += _head() + _params_load(info)
     lines += _initial_states(info, "[_BLOCK]")
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
-    lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
-    lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
-    lines += [f"{I2}{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
-    lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
-    lines += [f"{I2}{_store(f'{n}__out_ptr', v)}" for n, v in zip(info.output_names, info.output_vars)]
+    step = [f"{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
+    step += [f"{n} = {n}.to(_DTYPE)" for n in info.state_names]
+    step += [_store(f"{n}__out_ptr", v) for n, v in zip(info.output_names, info.output_vars)]
     if training:
-        lines += [f"{I2}{_store(f'{n}__saved_ptr', f'{n}__saved_t')}" for n in info.saved_names]
+        step += [_store(f"{n}__saved_ptr", f"{n}__saved_t") for n in info.saved_names]
     if state_seqs:
-        lines += [f"{I2}{_store(f'{n}__states_ptr', n)}" for n in info.state_names]
-    lines += [f"{I2}{p}_ptr += _N" for p in walking]
+        step += [_store(f"{n}__states_ptr", n) for n in info.state_names]
+    step += [f"{p}_ptr += _N" for p in written]
+    lines += _time_loops([_Read(n, f"{n}__in") for n in info.input_names], step, "+=")
     lines += [f"{I1}{_store(f'{n}__final + _offs', n)}" for n in info.state_names]
     return "\n".join(lines) + "\n"
 
@@ -241,19 +279,17 @@ def _backward_kernel(cores: Cores) -> str:
     lines += [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names]
     lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
-    lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
-    lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
-    lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
+    reads = [_Read(f"{p}_t", p) for p in grad_out + read_unique]
+    reads += [_Read(f"{n}__grad_states_t", f"{n}__grad_states", "_HAS_STATE_GRADS") for n in info.state_names]
+    step = [f"{n}__grad_next = {n}__grad_acc" for n in info.state_names]
     if info.state_names:
-        lines += [f"{I2}if _HAS_STATE_GRADS:"]
-        for n in info.state_names:
-            lines += [f"{I2}{I1}{n}__grad_next += {_load(f'{n}__grad_states_ptr')}",
-                      f"{I2}{I1}{n}__grad_states_ptr -= _N"]
-    lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
-    lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
-    lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
-    lines += [f"{I2}{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
-    lines += [f"{I2}{p}_ptr -= _N" for p in walking]
+        step += ["if _HAS_STATE_GRADS:"] + [f"{I1}{n}__grad_next += {n}__grad_states_t" for n in info.state_names]
+    step += [f"{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
+    step += [_store(f"{n}__grad_in_ptr", f"{n}__grad_in_t") for n in info.input_names]
+    step += [f"{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
+    step += [f"{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
+    step += [f"{p}_ptr -= _N" for p in grad_in]
+    lines += _time_loops(reads, step, "-=")
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names])
     # one row of scalar partial sums per program, in launch order
