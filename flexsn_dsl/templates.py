@@ -5,6 +5,18 @@ Every kernel walks one block of neurons through time with a runtime ``_T``
 masks (no block pointers), and computes in ``_DTYPE`` (float32 for 16-bit and
 32-bit storage, float64 for float64).
 
+Time tiles: the block kernels walk time in whole tiles of ``_TC`` steps (a constexpr, chosen
+by the runtime from the neurons and steps of a call), then the last ``_T % _TC`` steps one at a
+time. A tile first loads every step's inputs (backward: upstream gradients and kept values) into
+tuples, in a ``tl.static_range`` loop: none of them depends on the recurrence, so ``_TC`` steps'
+loads are in flight together (and, pipelined with ``_STAGES``, the next tiles'); then it runs its
+steps in order, storing each step's results as it goes. Each step does the arithmetic of a step of
+the loop after the tiles: every ``_TC`` gives the same bits, and ``_TC = 1`` compiles to a plain
+step-at-a-time loop (nothing is left after the tiles). Few neurons over many steps need tiles to
+keep the memory busy; with many neurons the runtime launches ``_TC = 1``. Compile time grows
+faster than ``_TC`` (Triton's coalescing pass looks at every load and store of the unrolled tile),
+and with ``_STAGES`` > 1 faster still: the runtime keeps both small for large steps.
+
 Variants:
   inference              outputs and state sequences
   inference_final_state  outputs and final states

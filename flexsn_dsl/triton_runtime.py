@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import itertools
 import math
 import os
@@ -20,7 +21,7 @@ import triton  # noqa: E402
 from torch.library import wrap_triton  # noqa: E402
 
 from .compiler import Compiled
-from .names import VARIANTS, kernel_name
+from .names import CORES, VARIANTS, core_name, kernel_name
 
 CPU_BLOCK = 1024
 CPU_TILE = 4  # the interpreter's largest time tile: tiles and the steps after them both run in short tests
@@ -29,6 +30,9 @@ MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MAX_TILE = 64  # the largest time tile a setting may ask for (each step of a tile is compiled code)
 TILE = 16  # the built-in largest time tile
+TILE_CODE = 10_000  # characters of core source a built-in tile unrolls at most: Triton's compile time grows
+# faster than the code it compiles (on the CPU that builds it: 2.5 s for LIF's backward with tiles of 16 steps,
+# pipelined 2 deep; minutes for HH's)
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
 RECURRENT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot's input_precision for float32; the first is the default
 
@@ -48,9 +52,9 @@ def launch_settings() -> LaunchSettings:
     return _parse_settings(*_read_settings())
 
 
-_SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_BLOCK",
-             "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE")
-_SETTING_KEYS = tuple(os.environ.encodekey(name) for name in _SETTINGS)  # (as os.environ stores them)
+SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_BLOCK",
+            "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE")  # their environment variables, in LaunchSettings' order
+_SETTING_KEYS = tuple(os.environ.encodekey(name) for name in SETTINGS)  # (as os.environ stores them)
 
 
 def _read_settings() -> tuple[str | bytes | None, ...]:
@@ -60,7 +64,7 @@ def _read_settings() -> tuple[str | bytes | None, ...]:
     env = os.environ
     if type(env) is os._Environ:
         return tuple(map(env._data.get, _SETTING_KEYS))
-    return tuple(map(env.get, _SETTINGS))  # (os.environ replaced by a plain mapping)
+    return tuple(map(env.get, SETTINGS))  # (os.environ replaced by a plain mapping)
 
 
 @functools.lru_cache(maxsize=16)
@@ -125,6 +129,9 @@ class Kernels:
         self.info = self.module.INFO
         self.name = compiled.model.name
         self._plans: dict[tuple, Plan] = {}
+        # the built-in time tile's bound: TILE, or less for a step of more code (a power of two; 1: no tiles)
+        code = max(len(inspect.getsource(getattr(self.module, core_name(self.name, d)).fn)) for d in CORES)
+        self.largest_tile = min(TILE, 1 << max((TILE_CODE // code).bit_length() - 1, 0))
 
     def config(self, n: int, T: int, settings: LaunchSettings) -> dict:
         """Launch meta-parameters for n neurons over T steps: the block of neurons a program walks
@@ -147,11 +154,13 @@ class Kernels:
         else:
             # Fewer neurons (usually over many steps) leave the memory idle while each program waits
             # on its next step's loads: one-warp blocks down to 32 neurons for more programs than SMs,
-            # and time tiles, so that a program has a tile's loads in flight and its next tiles' too.
+            # and time tiles, so that a program has a tile's loads in flight, and the next tile's
+            # (pipelined 2 deep; without tiles, 4 steps deep as before).
             block = 128
             while block > 32 and _cdiv(n, block) < 2 * sms:
                 block //= 2
-            warps, stages, tile = 1, 4, _time_tile(T, TILE)
+            tile = _time_tile(T, self.largest_tile)
+            warps, stages = 1, (2 if tile > 1 else 4)
         return {"_BLOCK": settings.block or block, "num_warps": settings.warps or warps,
                 "_STAGES": settings.stages or stages, "_TC": settings.time_tile or tile}
 

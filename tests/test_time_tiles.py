@@ -6,6 +6,7 @@ shapes the runtime picks from the neurons and steps of a call."""
 from __future__ import annotations
 
 import copy
+import inspect
 from pathlib import Path
 
 import pytest
@@ -93,9 +94,9 @@ def test_the_time_loop_is_tiled_in_forward_and_backward_kernels_only():
 UNSET = tr.LaunchSettings(autotune=False, stages=0, recurrent_precision="tf32x3", block=0, warps=0, time_tile=0)
 
 
-def _gpu_kernels(monkeypatch) -> tr.Kernels:
-    """LIF's kernels as the runtime configures them for a GPU of 132 SMs (an H200)."""
-    kernels = copy.copy(tr._kernels(flexsn_dsl.load(NEURONS / "lif.yaml", backend="triton")._compiled, "cpu"))
+def _gpu_kernels(monkeypatch, spec: str = "lif") -> tr.Kernels:
+    """A spec's kernels as the runtime configures them for a GPU of 132 SMs (an H200)."""
+    kernels = copy.copy(tr._kernels(flexsn_dsl.load(NEURONS / f"{spec}.yaml", backend="triton")._compiled, "cpu"))
     kernels.interpret = False
     monkeypatch.setattr(tr, "_sm_count", lambda: 132)
     return kernels
@@ -108,11 +109,24 @@ def test_launch_shapes_keep_many_neurons_as_they_were_and_tile_time_for_few(monk
     assert gpu.config(1 << 18, 64, UNSET) == {"_BLOCK": 256, "num_warps": 2, "_STAGES": 4, "_TC": 1}
     assert gpu.config(65536, 500, UNSET) == {"_BLOCK": 64, "num_warps": 1, "_STAGES": 4, "_TC": 1}
     # fewer: one-warp blocks small enough for more programs than SMs (down to 32 neurons), tiles of 16 steps
-    assert gpu.config(8192, 1000, UNSET) == {"_BLOCK": 32, "num_warps": 1, "_STAGES": 4, "_TC": 16}
+    assert gpu.config(8192, 1000, UNSET) == {"_BLOCK": 32, "num_warps": 1, "_STAGES": 2, "_TC": 16}
     assert gpu.config(32768, 500, UNSET)["_BLOCK"] == 64  # 512 programs
     assert gpu.config(256, 1000, UNSET)["_BLOCK"] == 32  # batch-1 streaming: 8 programs
     # the tile: a power of two, at most half of T
     assert [gpu.config(4096, T, UNSET)["_TC"] for T in (1, 3, 4, 8, 15, 16, 32, 4096)] == [1, 1, 2, 4, 4, 8, 16, 16]
+    assert gpu.config(4096, 3, UNSET)["_STAGES"] == 4  # no tiles: the step-at-a-time loop pipelined as before
+
+
+def test_the_built_in_tile_unrolls_a_bounded_amount_of_code(monkeypatch):
+    """Compile time grows faster than a tile's code: a step of more code gets smaller tiles (a power of
+    two, at most TILE_CODE characters of core source), HH's none."""
+    for spec, largest in (("lif", 16), ("izhikevich_ct", 8), ("adex_ct", 2), ("hh", 1)):
+        gpu = _gpu_kernels(monkeypatch, spec)
+        code = max(len(inspect.getsource(getattr(gpu.module, f"{spec}_{d}_core").fn)) for d in ("forward", "backward"))
+        assert gpu.largest_tile == largest
+        assert largest * code <= tr.TILE_CODE < 2 * largest * code or largest in (1, tr.TILE)
+        assert gpu.config(8192, 1000, UNSET)["_TC"] == largest
+    assert gpu.config(8192, 1000, UNSET)["_STAGES"] == 4  # (HH: no tiles)
 
 
 def test_launch_settings_override_each_choice(monkeypatch):
