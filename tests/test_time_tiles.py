@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +143,36 @@ def test_launch_settings_override_each_choice(monkeypatch):
         assert cpu.config(40, 1000, UNSET) == {"_BLOCK": 64, "_STAGES": 1, "_TC": 4}
         assert cpu.config(40, 1000, given) == {"_BLOCK": 128, "_STAGES": 1, "_TC": 8}
 
+
+
+COMPILE_FOR_GPU = """
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from flexsn_dsl.compiler import compile_spec
+spec, variant = sys.argv[1:]
+module = compile_spec(spec).triton_module()
+fn = getattr(module, f"{module.INFO.neuron}_{variant}_kernel")
+given = dict(_BLOCK=32, _ROWS=1, _COLS=32, _DTYPE=tl.float32, _STAGES=2, _TC=4, _CONST_INIT=True,
+             _HAS_STATE_GRADS=True, _HAS_FINAL_GRADS=False, _WRITE_INIT_GRADS=False)
+signature = {a: "constexpr" if a in given else "i32" if a in ("_T", "_N", "_P") or a.endswith(("__inner", "__size",
+             "__split")) else "*fp32" for a in fn.arg_names}
+constants = {a: given[a] for a in fn.arg_names if a in given}
+kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 1})
+print(kernel.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("spec,variant", [("lif", "forward"), ("lif", "backward"), ("plif_channel", "backward")])
+def test_tiles_compile_for_a_gpu(spec, variant, tmp_path):
+    """Compiled offline for an NVIDIA GPU (Triton's own toolchain; the interpreter does not check what its
+    compiler accepts): a tile's tuples, pipelined, in the block kernels and the tiled backward."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = dict(os.environ, TRITON_INTERPRET="0", FLEXSN_DSL_CACHE=str(tmp_path), PYTHONPATH=str(NEURONS.parent),
+               TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, str(NEURONS / f"{spec}.yaml"), variant], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count(".entry") == 1 and "cp.async" in done.stdout  # the tile's loads: pipelined copies
