@@ -2,14 +2,15 @@
 
 The forward (training) and backward kernels are compiled for an NVIDIA target with Triton's own
 toolchain (its bundled ptxas and nvdisasm); the instructions of the time loop (the largest loop of
-the SASS) are counted by kind and divided by the neurons one thread handles per iteration. From the
+the SASS: the loop over time tiles) are counted by kind and divided by the neuron-steps one thread
+handles per iteration (its neurons times the steps of a tile, ``--tile``). From the
 counts, an ALU floor: every instruction issues at one warp instruction per clock per SM sub-partition
 (4 per SM), MUFU (exp2, reciprocal) at 16 lanes per clock per SM; the larger of the two bounds a kernel.
 
-    python benchmarks/isa_count.py neurons/hh.yaml [-T 64] [-n 1048576] [--block 1024 --warps 4]
+    python benchmarks/isa_count.py neurons/hh.yaml [-T 64] [-n 1048576] [--block 1024 --warps 4] [--tile 1]
 
 Defaults: the H200 (sm_90, 132 SMs, 1.98 GHz) and the launch the runtime picks for a large
-population (1024-neuron blocks of 4 warps, 2 pipelining stages). A benchmark, not a test.
+population (1024-neuron blocks of 4 warps, 2 pipelining stages, no time tiles). A benchmark, not a test.
 """
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ FLAGS = {"_CONST_INIT": True, "_HAS_STATE_GRADS": False, "_HAS_FINAL_GRADS": Fal
 INTEGERS = ("__inner", "__size", "__split")
 
 
-def compile_kernel(module, variant: str, arch: int, block: int, warps: int, stages: int):
+def compile_kernel(module, variant: str, arch: int, block: int, warps: int, stages: int, tile: int = 1):
     """One kernel variant of a generated module, compiled for sm_<arch> with float32 tensors."""
     fn = getattr(module, kernel_name(module.INFO.neuron, variant))
     signature, constants, attrs = {}, {}, {}
     # the tiled backward (learnable shaped parameters) walks tiles of _ROWS x _COLS = block neurons
-    given = {"_BLOCK": block, "_DTYPE": tl.float32, "_STAGES": stages, "_ROWS": block // 32, "_COLS": 32, **FLAGS}
+    given = {"_BLOCK": block, "_DTYPE": tl.float32, "_STAGES": stages, "_TC": tile, "_ROWS": block // 32, "_COLS": 32,
+             **FLAGS}
     for i, arg in enumerate(fn.arg_names):
         if arg in given:
             signature[arg], constants[arg] = "constexpr", given[arg]
@@ -110,13 +112,14 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=1024)
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--tile", type=int, default=1, help="steps per time tile (_TC)")
     args = parser.parse_args()
     module = compile_spec(args.spec).triton_module()
-    per_thread = args.block // (32 * args.warps)
+    per_thread = args.block // (32 * args.warps) * args.tile  # neuron-steps per thread and iteration
     steps = args.T * args.n
     total = 0.0
     for variant in ("forward", "backward"):
-        kernel = compile_kernel(module, variant, args.arch, args.block, args.warps, args.stages)
+        kernel = compile_kernel(module, variant, args.arch, args.block, args.warps, args.stages, args.tile)
         counts = loop_counts(kernel.asm["cubin"])
         per_step = sum(counts.values()) / per_thread
         mufu = sum(n for op, n in counts.items() if op.startswith("MUFU")) / per_thread

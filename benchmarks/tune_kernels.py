@@ -1,7 +1,8 @@
 """Kernel-level tuning on the GPU: time the generated LIF kernels directly (no module, no autograd)
-for block sizes, warps and pipelining stages, against the memory-traffic floor.
+for block sizes, warps, pipelining stages and time tiles, against the memory-traffic floor.
 
 Usage: python benchmarks/tune_kernels.py [spec]   (prints the best configs per case last)
+TUNE_LONG=1: the few-neuron, many-step cases of issue 27 only, with small blocks and time tiles.
 """
 from __future__ import annotations
 
@@ -28,14 +29,16 @@ fwd_k = getattr(mod, f"{name}_forward_final_state_kernel")
 bwd_k = getattr(mod, f"{name}_backward_kernel")
 bw = copy_bandwidth(torch.device("cuda"))
 print(f"copy bandwidth {bw / 1e12:.3f} TB/s; saved per step: {info.saved_names} mapping {info.c2k_return_mapping}")
-if os.environ.get("TUNE_LONG"):  # only the long-sequence, few-neuron case, with small blocks
-    cases = [(1024, 1 << 16, torch.float32)]
-    configs = [(b, w, s) for b, w, s in itertools.product((32, 64, 128, 256), (1, 2, 4), (1, 2, 3, 4))
-               if 32 * w <= b]
+if os.environ.get("TUNE_LONG"):  # only the long-sequence, few-neuron cases, with small blocks and time tiles
+    cases = [(T, N, torch.float32) for T, N in ((100, 65536), (500, 65536), (500, 8192), (1000, 8192), (4096, 4096),
+                                                (1000, 256))]
+    # (stages, tile) pairs that compile in seconds for LIF: larger tiles pipelined deeper take minutes
+    configs = [(b, 1, st, tc) for b in (32, 64)
+               for st, tc in ((1, 1), (4, 1), (8, 1), (16, 1), (1, 8), (2, 8), (4, 8), (1, 16), (2, 16), (1, 32))]
 else:
     cases = [(8, 4 << 20, torch.float32), (64, 1 << 20, torch.float32), (1024, 1 << 16, torch.float32),
              (64, 1 << 20, torch.bfloat16), (8, 4 << 20, torch.bfloat16)]
-    configs = [(b, w, s) for b, w, s in itertools.product((128, 256, 512, 1024, 2048), (1, 2, 4, 8), (1, 2, 3))
+    configs = [(b, w, s, 1) for b, w, s in itertools.product((128, 256, 512, 1024, 2048), (1, 2, 4, 8), (1, 2, 3))
                if 32 * w <= b and b // (32 * w) <= 16]
 best_rows = []
 # as a module call from reset states makes them: constant initial states, no final-state gradients
@@ -53,9 +56,9 @@ for T, N, dtype in cases:
     floors = {"inference": 2 * T * N * e / bw * 1e3, "forward": (2 + len(saved)) * T * N * e / bw * 1e3,
               "backward": (2 + len(saved)) * T * N * e / bw * 1e3}
     best = {}
-    for b, w, st in configs:
+    for b, w, st, tc in configs:
         grid = (triton.cdiv(N, b),)
-        kw = dict(_BLOCK=b, _DTYPE=tl.float32, _STAGES=st, num_warps=w)
+        kw = dict(_BLOCK=b, _DTYPE=tl.float32, _STAGES=st, _TC=tc, num_warps=w)
         runs = {
             "inference": lambda: inf_k[grid](x, init, s, final, T, N, **FWD_FLAGS, **kw),
             "forward": lambda: fwd_k[grid](x, init, s, *saved, final, T, N, **FWD_FLAGS, **kw),
@@ -65,18 +68,18 @@ for T, N, dtype in cases:
             try:
                 ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
             except Exception as exc:  # e.g. out of resources
-                print(f"  {kind} B={b} w={w} st={st}: {type(exc).__name__}")
+                print(f"  {kind} B={b} w={w} st={st} tc={tc}: {type(exc).__name__}")
                 continue
             if kind not in best or ms < best[kind][0]:
-                best[kind] = (ms, b, w, st)
-    for kind, (ms, b, w, st) in best.items():
+                best[kind] = (ms, b, w, st, tc)
+    for kind, (ms, b, w, st, tc) in best.items():
         row = (f"T={T:<5d} N={N:<8d} {str(dtype):15s} {kind:9s} best {ms:.4f} ms  floor {floors[kind]:.4f} ms "
-               f"({ms / floors[kind]:.2f}x)  BLOCK={b} warps={w} stages={st}")
+               f"({ms / floors[kind]:.2f}x)  BLOCK={b} warps={w} stages={st} tile={tc}")
         print(row, flush=True)
         best_rows.append(row)
     # the heuristic the runtime uses today
-    from flexsn_dsl.triton_runtime import Kernels
-    cfg = Kernels(m._compiled, torch.device("cuda")).config(N)
+    from flexsn_dsl.triton_runtime import Kernels, launch_settings
+    cfg = Kernels(m._compiled, torch.device("cuda")).config(N, T, launch_settings())
     grid = (triton.cdiv(N, cfg["_BLOCK"]),)
     ms_i = do_bench(lambda: inf_k[grid](x, init, s, final, T, N, _DTYPE=tl.float32, **FWD_FLAGS, **cfg),
                     return_mode="median")

@@ -30,13 +30,20 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
 PEERS = ("minimal", "torch", "compile", "spikingjelly")
 COMPILE_MAX_T = 16  # torch.compile unrolls the time loop and FlexSN traces it: compile time grows with T
+# --long: few neurons over many steps (issue 27), as (T, one step's shape, modes); batch-1 streaming in inference
+LONG = ((100, (65536,), MODES), (500, (65536,), MODES), (500, (8192,), MODES), (1000, (8192,), MODES),
+        (4096, (4096,), MODES), (10000, (4096,), ("inference",)), (1000, (1, 256), ("inference",)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("specs", nargs="+", metavar="SPEC", help="spec files")
-    parser.add_argument("-T", "--steps", type=int, nargs="+", default=[8], help="sequence lengths (default 8)")
+    parser.add_argument("-T", "--steps", type=int, nargs="+", default=None, help="sequence lengths (default 8)")
     parser.add_argument("-n", "--neurons", type=int, nargs="+", default=None,
                         help="neurons per step (default: 4194304 on CUDA, 4096 on CPU)")
+    parser.add_argument("--long", action="store_true",
+                        help="instead of -T and -n, the long sequences with few neurons: " +
+                             ", ".join(f"{math.prod(shape)} x T={T}" + ("" if len(modes) == 2 else f" ({modes[0]})")
+                                       for T, shape, modes in LONG) + " (the last: batch-1 streaming)")
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=DTYPES)
     parser.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
@@ -390,19 +397,29 @@ print(time.perf_counter() - start)
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def cases(args, device) -> list[tuple[int, tuple[int, ...], list[str]]]:
+    """What ``run_bench`` times, in order: (T, one step's shape, modes): every -T with every -n (or
+    --shape), or the --long cases in the modes asked for."""
+    if args.long:
+        return [(T, shape, [m for m in args.mode if m in modes]) for T, shape, modes in LONG
+                if set(modes) & set(args.mode)]
+    shapes = [tuple(args.shape)] if args.shape else \
+        [(n,) for n in (args.neurons or [4 * 1024 * 1024 if device.type == "cuda" else 4096])]
+    return [(T, shape, list(args.mode)) for T in args.steps or [8] for shape in shapes]
+
+
 def run_bench(args) -> list[Result]:
     import torch
 
     from .runtime import load
 
     device = _device(args.device)
-    shapes = [tuple(args.shape)] if args.shape else \
-        [(n,) for n in (args.neurons or [4 * 1024 * 1024 if device.type == "cuda" else 4096])]
     timer = _timer(device)
     graph_timer = graph_replay_ms if device.type == "cuda" else None  # kernel time without Python launch overhead
     bandwidth = copy_bandwidth(device)
+    launch = " ".join(f"{k}={v}" for k, v in launch_environment().items())
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}; "
-          f"copy bandwidth {bandwidth / 1e12:.3f} TB/s", file=sys.stderr)
+          f"copy bandwidth {bandwidth / 1e12:.3f} TB/s{'; ' + launch if launch else ''}", file=sys.stderr)
     results: list[Result] = []
     params, sizes = parse_params(args.param), parse_sizes(args.size)
     for spec in args.specs:
@@ -414,93 +431,98 @@ def run_bench(args) -> list[Result]:
         name = ours.spec.name
         for dtype_name in args.dtype:
             dtype = getattr(torch, dtype_name)
-            for T in args.steps:
-                for shape in shapes:
-                    n = math.prod(shape)
-                    gen = torch.Generator(device=device).manual_seed(0)
-                    xs = [(torch.rand(T, *shape, device=device, generator=gen) * 1.5).to(dtype).requires_grad_()
-                          for _ in info.input_names]
-                    for mode in args.mode:
-                        floor_ms = floor_bytes(info, T, n, xs[0].element_size(), mode) / bandwidth * 1e3
-                        impls: list[tuple[str, Callable | None, str]] = [("flexsn-dsl", _runner(ours, xs, mode), "")]
-                        held = {}  # ours in training: the module, for the memory its forward pass holds
-                        upstream: list = []  # the recompute row's output gradients, for its comparison
-                        if mode == "training":
-                            held["flexsn-dsl"] = ours
-                            if recomputing is not None:
-                                impls.append(("flexsn-dsl recompute",
-                                              _runner(recomputing, xs, mode, upstream=upstream), ""))
-                                held["flexsn-dsl recompute"] = recomputing
-                        if "minimal" in args.peers:
-                            minimal = minimal_runner(ours, xs, mode)
-                            impls.append(("minimal Function", minimal, "" if minimal else
-                                          "skipped: runtime parameters or initial states that are not constants"))
-                        if "torch" in args.peers:
-                            impls.append(("torch loop", _runner(reference, xs, mode), ""))
-                        if "compile" in args.peers:
-                            if T > args.compile_max_T:
-                                impls.append(("torch.compile", None, f"skipped: T > --compile-max-T {args.compile_max_T}"))
-                            else:
-                                compiled = torch.compile(_runner(reference, xs, mode))
-                                impls.append(("torch.compile", compiled, ""))
-                        if "spikingjelly" in args.peers and name == "lif":
-                            for label, make in (("SJ LIFNode", lambda: _sj_lif(device)),
-                                                ("SJ FlexSN", lambda: _sj_flexsn_lif(device))):
-                                if label == "SJ FlexSN" and T > args.compile_max_T:
-                                    impls.append((label, None, f"skipped: T > --compile-max-T {args.compile_max_T}"))
-                                    continue
-                                try:
-                                    impls.append((label, _sj_runner(make(), xs, mode), ""))
-                                except Exception as exc:  # not installed, or fails on this setup
-                                    impls.append((label, None, f"unavailable: {type(exc).__name__}: {exc}"[:120]))
-                        expected = _runner(reference, xs, mode)() if mode == "inference" else None
-                        timed: list[tuple[Result, Callable]] = []
-                        for label, fn, note in impls:
-                            r = Result(name, label, mode, dtype_name, T, n, floor_ms=floor_ms, note=note)
-                            if fn is not None:
-                                try:
-                                    start = time.perf_counter()
-                                    got = fn()
-                                    if device.type == "cuda":
-                                        torch.cuda.synchronize()
-                                    r.extra["first_call_s"] = time.perf_counter() - start
-                                    if expected is not None:
-                                        r.max_abs_diff = _diff(got, expected)
-                                    if label == "flexsn-dsl recompute":
-                                        r.max_abs_diff = _diff(got, _runner(ours, xs, mode, upstream=upstream)())
-                                    r.ms = timer(fn)
-                                    # a failed capture can poison the CUDA context (seen on the H200 with
-                                    # the eager torch loop and SpikingJelly in training): peers are
-                                    # graph-timed in inference only
-                                    if graph_timer is not None and (label == "flexsn-dsl" or mode == "inference"):
-                                        try:
-                                            r.graph_ms = graph_timer(fn)
-                                        except Exception as exc:
-                                            r.note += f" (no CUDA graph: {type(exc).__name__})"
-                                    r.peak_mib = _peak(device, fn)
-                                    memory = held_after_forward(device, held[label], xs) if label in held else None
-                                    if memory is not None:
-                                        r.extra["held_mib"], r.extra["held_per_output"] = memory
-                                    r.host_ms = host_ms(device, fn)
-                                    timed.append((r, fn))
-                                except Exception as exc:
-                                    r.note = f"failed: {type(exc).__name__}: {exc}"[:160]
-                            results.append(r)
-                        _more_rounds(timed, timer, args.rounds)
-                        for r in results[len(results) - len(impls):]:
-                            _print_row(r)
-                    if args.first_call and device.type == "cuda" and dtype_name == args.dtype[0]:
-                        with tempfile.TemporaryDirectory() as cache:
-                            cold = _first_call(spec, params, args.plugin, T, shape, dtype_name, str(device), cache,
-                                               sizes)
-                            warm = _first_call(spec, params, args.plugin, T, shape, dtype_name, str(device), cache,
-                                               sizes)
-                        r = Result(name, "flexsn-dsl first call", "inference+training", dtype_name, T, n,
-                                   note=f"cold {cold:.2f} s, cached {warm:.2f} s",
-                                   extra={"cold_s": cold, "cached_s": warm})
+            for T, shape, modes in cases(args, device):
+                n = math.prod(shape)
+                gen = torch.Generator(device=device).manual_seed(0)
+                xs = [(torch.rand(T, *shape, device=device, generator=gen) * 1.5).to(dtype).requires_grad_()
+                      for _ in info.input_names]
+                for mode in modes:
+                    floor_ms = floor_bytes(info, T, n, xs[0].element_size(), mode) / bandwidth * 1e3
+                    impls: list[tuple[str, Callable | None, str]] = [("flexsn-dsl", _runner(ours, xs, mode), "")]
+                    held = {}  # ours in training: the module, for the memory its forward pass holds
+                    upstream: list = []  # the recompute row's output gradients, for its comparison
+                    if mode == "training":
+                        held["flexsn-dsl"] = ours
+                        if recomputing is not None:
+                            impls.append(("flexsn-dsl recompute", _runner(recomputing, xs, mode, upstream=upstream),
+                                          ""))
+                            held["flexsn-dsl recompute"] = recomputing
+                    if "minimal" in args.peers:
+                        minimal = minimal_runner(ours, xs, mode)
+                        impls.append(("minimal Function", minimal, "" if minimal else
+                                      "skipped: runtime parameters or initial states that are not constants"))
+                    if "torch" in args.peers:
+                        impls.append(("torch loop", _runner(reference, xs, mode), ""))
+                    if "compile" in args.peers:
+                        if T > args.compile_max_T:
+                            impls.append(("torch.compile", None, f"skipped: T > --compile-max-T {args.compile_max_T}"))
+                        else:
+                            compiled = torch.compile(_runner(reference, xs, mode))
+                            impls.append(("torch.compile", compiled, ""))
+                    if "spikingjelly" in args.peers and name == "lif":
+                        for label, make in (("SJ LIFNode", lambda: _sj_lif(device)),
+                                            ("SJ FlexSN", lambda: _sj_flexsn_lif(device))):
+                            if label == "SJ FlexSN" and T > args.compile_max_T:
+                                impls.append((label, None, f"skipped: T > --compile-max-T {args.compile_max_T}"))
+                                continue
+                            try:
+                                impls.append((label, _sj_runner(make(), xs, mode), ""))
+                            except Exception as exc:  # not installed, or fails on this setup
+                                impls.append((label, None, f"unavailable: {type(exc).__name__}: {exc}"[:120]))
+                    expected = _runner(reference, xs, mode)() if mode == "inference" else None
+                    timed: list[tuple[Result, Callable]] = []
+                    for label, fn, note in impls:
+                        r = Result(name, label, mode, dtype_name, T, n, floor_ms=floor_ms, note=note)
+                        if fn is not None:
+                            try:
+                                start = time.perf_counter()
+                                got = fn()
+                                if device.type == "cuda":
+                                    torch.cuda.synchronize()
+                                r.extra["first_call_s"] = time.perf_counter() - start
+                                if expected is not None:
+                                    r.max_abs_diff = _diff(got, expected)
+                                if label == "flexsn-dsl recompute":
+                                    r.max_abs_diff = _diff(got, _runner(ours, xs, mode, upstream=upstream)())
+                                r.ms = timer(fn)
+                                # a failed capture can poison the CUDA context (seen on the H200 with
+                                # the eager torch loop and SpikingJelly in training): peers are
+                                # graph-timed in inference only
+                                if graph_timer is not None and (label == "flexsn-dsl" or mode == "inference"):
+                                    try:
+                                        r.graph_ms = graph_timer(fn)
+                                    except Exception as exc:
+                                        r.note += f" (no CUDA graph: {type(exc).__name__})"
+                                r.peak_mib = _peak(device, fn)
+                                memory = held_after_forward(device, held[label], xs) if label in held else None
+                                if memory is not None:
+                                    r.extra["held_mib"], r.extra["held_per_output"] = memory
+                                r.host_ms = host_ms(device, fn)
+                                timed.append((r, fn))
+                            except Exception as exc:
+                                r.note = f"failed: {type(exc).__name__}: {exc}"[:160]
                         results.append(r)
+                    _more_rounds(timed, timer, args.rounds)
+                    for r in results[len(results) - len(impls):]:
                         _print_row(r)
+                if args.first_call and device.type == "cuda" and dtype_name == args.dtype[0]:
+                    with tempfile.TemporaryDirectory() as cache:
+                        cold = _first_call(spec, params, args.plugin, T, shape, dtype_name, str(device), cache,
+                                           sizes)
+                        warm = _first_call(spec, params, args.plugin, T, shape, dtype_name, str(device), cache,
+                                           sizes)
+                    r = Result(name, "flexsn-dsl first call", "inference+training", dtype_name, T, n,
+                               note=f"cold {cold:.2f} s, cached {warm:.2f} s",
+                               extra={"cold_s": cold, "cached_s": warm})
+                    results.append(r)
+                    _print_row(r)
     return results
+
+
+def launch_environment() -> dict[str, str]:
+    """The launch settings set in the environment (``FLEXSN_DSL_TIME_TILE`` and the others), as a run records them."""
+    from .triton_runtime import SETTINGS
+    return {name: os.environ[name] for name in SETTINGS if os.environ.get(name)}
 
 
 def _more_rounds(timed: list[tuple[Result, Callable]], timer: Callable[[Callable], float], rounds: int) -> None:
@@ -582,7 +604,9 @@ def _earlier_runs(path: Path) -> list:
 
 def check_arguments(args) -> list:
     """Refuse bad options before any work (UsageError); returns the runs already in ``--json``."""
-    for option, values in (("-T/--steps", args.steps), ("-n/--neurons", args.neurons or [])):
+    if args.long and (args.steps or args.neurons or args.shape):
+        raise UsageError("--long sets the steps and neurons of its cases itself: leave out -T, -n and --shape")
+    for option, values in (("-T/--steps", args.steps or []), ("-n/--neurons", args.neurons or [])):
         for value in values:
             if value < 1:
                 raise UsageError(f"{option} {value}: give whole numbers of at least 1")
@@ -606,6 +630,7 @@ def main(args) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
             "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "argv": sys.argv[1:], "results": [dict(asdict(r), ratio=r.ratio) for r in results]})
+            "argv": sys.argv[1:], "launch": launch_environment(),
+            "results": [dict(asdict(r), ratio=r.ratio) for r in results]})
         path.write_text(json.dumps(existing, indent=1) + "\n")
     return 0

@@ -5,6 +5,18 @@ Every kernel walks one block of neurons through time with a runtime ``_T``
 masks (no block pointers), and computes in ``_DTYPE`` (float32 for 16-bit and
 32-bit storage, float64 for float64).
 
+Time tiles: the block kernels walk time in whole tiles of ``_TC`` steps (a constexpr, chosen
+by the runtime from the neurons and steps of a call), then the last ``_T % _TC`` steps one at a
+time. A tile first loads every step's inputs (backward: upstream gradients and kept values) into
+tuples, in a ``tl.static_range`` loop: none of them depends on the recurrence, so ``_TC`` steps'
+loads are in flight together (and, pipelined with ``_STAGES``, the next tiles'); then it runs its
+steps in order, storing each step's results as it goes. Each step does the arithmetic of a step of
+the loop after the tiles: every ``_TC`` gives the same bits, and ``_TC = 1`` compiles to a plain
+step-at-a-time loop (nothing is left after the tiles). Few neurons over many steps need tiles to
+keep the memory busy; with many neurons the runtime launches ``_TC = 1``. Compile time grows
+faster than ``_TC`` (Triton's coalescing pass looks at every load and store of the unrolled tile),
+and with ``_STAGES`` > 1 faster still: the runtime keeps both small for large steps.
+
 Variants:
   inference              outputs and state sequences
   inference_final_state  outputs and final states
@@ -123,18 +135,18 @@ def _seed_load(info: FlexSNInfo, numel: str, flat: bool) -> list[str]:
 
 
 def _draws(info: FlexSNInfo, names, step: str, flat: bool) -> list[str]:
-    """This step's draws among ``names`` (``step``: its index after ``_step0``): element e takes number e % 4 of the
+    """This step's draws among ``names`` (``step``: its index after ``_step0``), unindented: element e takes number e % 4 of the
     Philox call at counter (step · K + k) · calls + e // 4 (``flat``: the block's calls made once each, their four
     numbers interleaved; else each element's call, its lane picked: the same numbers)."""
     lines = []
     for name in names:
         if name in info.draws:
             kind, k = draw_parts(name)
-            lines.append(f"{I2}_d0, _d1, _d2, _d3 = tl.{kind}4x(_seed_value, ((_step0 + {step}) * {info.draw_count} + "
+            lines.append(f"_d0, _d1, _d2, _d3 = tl.{kind}4x(_seed_value, ((_step0 + {step}) * {info.draw_count} + "
                          f"{k}) * _calls + _groups)")
             picked = "tl.reshape(tl.join(tl.join(_d0, _d1), tl.join(_d2, _d3)), [_BLOCK])" if flat else \
                 "tl.where(_lanes == 0, _d0, tl.where(_lanes == 1, _d1, tl.where(_lanes == 2, _d2, _d3)))"
-            lines.append(f"{I2}{name} = {picked}.to(_DTYPE)")
+            lines.append(f"{name} = {picked}.to(_DTYPE)")
     return lines
 
 
@@ -148,8 +160,9 @@ def _store(ptr: str, value: str) -> str:
 
 
 # the size and type arguments after ``_T``: a block of neurons, a tile of the tiled backward, the recurrent kernels
-BLOCK_SIZES = "_N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr"
-TILE_SIZES = "_N, _P, _ROWS: tl.constexpr, _COLS: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr"
+BLOCK_SIZES = "_N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr, _TC: tl.constexpr"
+TILE_SIZES = ("_N, _P, _ROWS: tl.constexpr, _COLS: tl.constexpr, _DTYPE: tl.constexpr, _STAGES: tl.constexpr, "
+              "_TC: tl.constexpr")
 RECURRENT_SIZES = ("_B, _N, _BLOCK_B: tl.constexpr, _NP: tl.constexpr, _BLOCK_K: tl.constexpr, "
                    "_DTYPE: tl.constexpr, _DOT_DTYPE: tl.constexpr, _PRECISION: tl.constexpr")
 
@@ -192,6 +205,45 @@ def _tile_head() -> list[str]:
             f"{I1}_mask = (_rows[:, None] < _N // _P) & (_cols[None, :] < _P)"]
 
 
+class _Read(NamedTuple):
+    """A sequence one step reads: ``name`` holds the step's value, ``<seq>_ptr`` walks the sequence
+    through time; ``flag``: a constexpr that says whether it is read at all ("" when always)."""
+    name: str
+    seq: str
+    flag: str = ""
+
+
+def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = False) -> list[str]:
+    """The time loop, in whole tiles of ``_TC`` steps and then the last ``_T % _TC`` steps one at a
+    time. A tile first loads every step's ``reads`` into tuples (``<seq>_tile``: nothing they load
+    depends on the recurrence, so ``_TC`` steps' loads are in flight at once), then runs its steps in
+    order from them. ``step``: the lines of one step once its reads are bound (indented as at the
+    loop's top level); ``move``: ``+=`` when time runs forward, ``-=`` when it runs backward; ``index``:
+    bind ``_s``, the loop's count of the step (for draws)."""
+    def each(template: str, walk: bool) -> list[str]:
+        """A line per read from ``template`` (and its pointer's step when ``walk``), one branch per flag."""
+        def of(r: _Read) -> list[str]:
+            line = template.format(name=r.name, seq=r.seq, load=_load(f"{r.seq}_ptr"))
+            return [line, f"{r.seq}_ptr {move} _N"] if walk else [line]
+        lines = [line for r in reads if not r.flag for line in of(r)]
+        for flag in dict.fromkeys(r.flag for r in reads if r.flag):
+            lines += [f"if {flag}:"] + [I1 + line for r in reads if r.flag == flag for line in of(r)]
+        return lines
+
+    I3 = I2 + I1
+    lines = [f"{I1}_tiled = _T - _T % _TC  # the steps in whole tiles",
+             f"{I1}for _t0 in tl.range(0, _tiled, _TC, num_stages=_STAGES):"]
+    lines += [f"{I2}{r.seq}_tile = ()" for r in reads]
+    lines += [f"{I2}for _k in tl.static_range(_TC):  # the tile's loads first: all of them in flight together"]
+    lines += [I3 + line for line in each("{seq}_tile += ({load},)", True)]
+    lines += [f"{I2}for _k in tl.static_range(_TC):  # then its steps, in order"]
+    lines += [I3 + line for line in each("{name} = {seq}_tile[_k]", False) + (["_s = _t0 + _k"] if index else []) + step]
+    lines += [f"{I1}for _t in tl.range(_tiled, _T):  # the last _T % _TC steps, one at a time"]
+    lines += [I2 + line for line in each("{name} = {load}", True) + (["_s = _t"] if index else [])]
+    lines += [I2 + line for line in step]
+    return lines
+
+
 def _forward_kernel(cores: Cores, variant: str) -> str:
     """Pointer arguments are named after the spec: ``x__in``, ``s__out``, ``h__saved``,
     ``v__init``, ``v__states`` and ``v__final``; ``<arg>_ptr`` walks one through time."""
@@ -218,17 +270,16 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     lines += _head() + _params_load(info) + _seed_load(info, "_N", True)
     lines += _initial_states(info, "[_BLOCK]")
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
-    lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
-    lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
-    lines += _draws(info, info.draws, "_t", True)
-    lines += [f"{I2}{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
-    lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
-    lines += [f"{I2}{_store(f'{n}__out_ptr', v)}" for n, v in zip(info.output_names, info.output_vars)]
+    step = _draws(info, info.draws, "_s", True)
+    step += [f"{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
+    step += [f"{n} = {n}.to(_DTYPE)" for n in info.state_names]
+    step += [_store(f"{n}__out_ptr", v) for n, v in zip(info.output_names, info.output_vars)]
     if training:
-        lines += [f"{I2}{_store(f'{n}__saved_ptr', f'{n}__saved_t')}" for n in info.saved_names]
+        step += [_store(f"{n}__saved_ptr", f"{n}__saved_t") for n in info.saved_names]
     if state_seqs:
-        lines += [f"{I2}{_store(f'{n}__states_ptr', n)}" for n in info.state_names]
-    lines += [f"{I2}{p}_ptr += _N" for p in walking]
+        step += [_store(f"{n}__states_ptr", n) for n in info.state_names]
+    step += [f"{p}_ptr += _N" for p in written]
+    lines += _time_loops([_Read(n, f"{n}__in") for n in info.input_names], step, "+=", bool(info.draws))
     lines += [f"{I1}{_store(f'{n}__final + _offs', n)}" for n in info.state_names]
     return "\n".join(lines) + "\n"
 
@@ -292,20 +343,18 @@ def _backward_kernel(cores: Cores) -> str:
                  [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names])
     lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
-    lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
-    lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
-    lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
+    reads = [_Read(f"{p}_t", p) for p in grad_out + read_unique]
+    reads += [_Read(f"{n}__grad_states_t", f"{n}__grad_states", "_HAS_STATE_GRADS") for n in info.state_names]
+    step = [f"{n}__grad_next = {n}__grad_acc" for n in info.state_names]
     if info.state_names:
-        lines += [f"{I2}if _HAS_STATE_GRADS:"]
-        for n in info.state_names:
-            lines += [f"{I2}{I1}{n}__grad_next += {_load(f'{n}__grad_states_ptr')}",
-                      f"{I2}{I1}{n}__grad_states_ptr -= _N"]
-    lines += _draws(info, call_args, "_T - 1 - _t", not tiled)
-    lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
-    lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
-    lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
-    lines += [f"{I2}{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
-    lines += [f"{I2}{p}_ptr -= _N" for p in walking]
+        step += ["if _HAS_STATE_GRADS:"] + [f"{I1}{n}__grad_next += {n}__grad_states_t" for n in info.state_names]
+    step += _draws(info, call_args, "_T - 1 - _s", not tiled)
+    step += [f"{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
+    step += [_store(f"{n}__grad_in_ptr", f"{n}__grad_in_t") for n in info.input_names]
+    step += [f"{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
+    step += [f"{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
+    step += [f"{p}_ptr -= _N" for p in grad_in]
+    lines += _time_loops(reads, step, "-=", bool(info.draws))
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names])
     lines += _if("_CARRY_SUMS", [f"{I1}{_store(p, f'{n}__grad_sum')}" for n, p in zip(info.param_names, sums)])
@@ -381,7 +430,7 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     lines += [f"{I1}for _t in range(0, _T):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in inputs]
     lines += _matvec(r, "_fed_rows", "_cols[None, :] * _N + _kk[:, None]", I2)  # M[k, i] = W[i, k]
-    lines += _draws(info, info.draws, "_t", False)
+    lines += [I2 + line for line in _draws(info, info.draws, "_t", False)]
     lines += [f"{I2}{', '.join(info.fwd_core_recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}_prev = {fed}"]
@@ -431,7 +480,7 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
     lines += [f"{I2}{fed_output}__grad_out_t += _fb"]
     lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
-    lines += _draws(info, call_args, "_T - 1 - _t", False)
+    lines += [I2 + line for line in _draws(info, call_args, "_T - 1 - _t", False)]
     lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
     lines += [f"{I2}tl.debug_barrier()  # {r}__grad_in of this step is read back across threads"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import itertools
 import math
 import os
@@ -20,11 +21,18 @@ import triton  # noqa: E402
 from torch.library import wrap_triton  # noqa: E402
 
 from .compiler import Compiled
-from .names import VARIANTS, kernel_name
+from .names import CORES, VARIANTS, core_name, kernel_name
 
 CPU_BLOCK = 1024
+CPU_TILE = 4  # the interpreter's largest time tile: tiles and the steps after them both run in short tests
+LONG_NEURONS = 65536  # below this, a launch has too few blocks of neurons to keep the GPU's memory busy
 MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
+MAX_TILE = 64  # the largest time tile a setting may ask for (each step of a tile is compiled code)
+TILE = 16  # the built-in largest time tile
+TILE_CODE = 10_000  # characters of core source a built-in tile unrolls at most: Triton's compile time grows
+# faster than the code it compiles (on the CPU that builds it: 2.5 s for LIF's backward with tiles of 16 steps,
+# pipelined 2 deep; minutes for HH's)
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
 RECURRENT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot's input_precision for float32; the first is the default
 
@@ -33,6 +41,9 @@ class LaunchSettings(NamedTuple):
     autotune: bool  # $FLEXSN_DSL_AUTOTUNE=1: autotune block sizes (GPU only)
     stages: int     # $FLEXSN_DSL_STAGES: pipelining stages of the time loop (0: heuristic)
     recurrent_precision: str  # $FLEXSN_DSL_RECURRENT_PRECISION: the recurrent product's float32 precision
+    block: int      # $FLEXSN_DSL_BLOCK: neurons per program (0: heuristic)
+    warps: int      # $FLEXSN_DSL_WARPS: warps per program (0: heuristic; GPU only)
+    time_tile: int  # $FLEXSN_DSL_TIME_TILE: steps per time tile, _TC (0: heuristic; 1: no tiles)
 
 
 def launch_settings() -> LaunchSettings:
@@ -41,8 +52,9 @@ def launch_settings() -> LaunchSettings:
     return _parse_settings(*_read_settings())
 
 
-_SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION")
-_SETTING_KEYS = tuple(os.environ.encodekey(name) for name in _SETTINGS)  # (as os.environ stores them)
+SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_BLOCK",
+            "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE")  # their environment variables, in LaunchSettings' order
+_SETTING_KEYS = tuple(os.environ.encodekey(name) for name in SETTINGS)  # (as os.environ stores them)
 
 
 def _read_settings() -> tuple[str | bytes | None, ...]:
@@ -52,26 +64,40 @@ def _read_settings() -> tuple[str | bytes | None, ...]:
     env = os.environ
     if type(env) is os._Environ:
         return tuple(map(env._data.get, _SETTING_KEYS))
-    return tuple(map(env.get, _SETTINGS))  # (os.environ replaced by a plain mapping)
+    return tuple(map(env.get, SETTINGS))  # (os.environ replaced by a plain mapping)
 
 
 @functools.lru_cache(maxsize=16)
 def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
-    autotune, stages, precision = map(_decode, raw)
+    autotune, stages, precision, block, warps, tile = map(_decode, raw)
     if autotune.strip() not in ("", "0", "1"):
         raise ValueError(f"FLEXSN_DSL_AUTOTUNE={autotune!r} is not 0 or 1: set it to 1 to autotune block sizes "
                          "on the GPU, to 0 or nothing for the built-in choice")
-    text = stages.strip()
-    if text and not (text.isascii() and text.isdigit() and int(text) <= MAX_STAGES):
-        raise ValueError(f"FLEXSN_DSL_STAGES={stages!r} is not a whole number from 0 to {MAX_STAGES}: set it to the "
-                         "pipelining depth of the time loop (e.g. 2), or to 0 or nothing for the built-in choice")
+    stages_n = _whole("FLEXSN_DSL_STAGES", stages, range(MAX_STAGES + 1), f"a whole number from 0 to {MAX_STAGES}",
+                      "the pipelining depth of the time loop (e.g. 2)")
+    block_n = _whole("FLEXSN_DSL_BLOCK", block, [0] + [1 << k for k in range(4, 13)],
+                     "0 or a power of two from 16 to 4096", "the neurons each program walks through time (e.g. 64)")
+    warps_n = _whole("FLEXSN_DSL_WARPS", warps, (0, 1, 2, 4, 8, 16), "0 or a power of two from 1 to 16",
+                     "the warps of each program (e.g. 1)")
+    tile_n = _whole("FLEXSN_DSL_TIME_TILE", tile, range(MAX_TILE + 1), f"a whole number from 0 to {MAX_TILE}",
+                    "the steps whose loads a program issues together (e.g. 16; 1 for no tiles)")
     product = precision.strip() or RECURRENT_PRECISIONS[0]
     if product not in RECURRENT_PRECISIONS:
         raise ValueError(f"FLEXSN_DSL_RECURRENT_PRECISION={precision!r} is not one of "
                          f"{', '.join(RECURRENT_PRECISIONS)}: set it to the recurrent product's precision in float32 "
                          "layers: tf32x3 (float32 accuracy on tensor cores; the default, also when unset), ieee "
                          "(float32 FMA, slower) or tf32 (fastest, about 1e-3 relative error)")
-    return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0), recurrent_precision=product)
+    return LaunchSettings(autotune=autotune.strip() == "1", stages=stages_n, recurrent_precision=product,
+                          block=block_n, warps=warps_n, time_tile=tile_n)
+
+
+def _whole(name: str, raw: str, allowed, described: str, meaning: str) -> int:
+    """A whole-number setting (0 when unset); a ValueError saying what to set when it is not in ``allowed``."""
+    text = raw.strip()
+    if text and not (text.isascii() and text.isdigit() and int(text) in allowed):
+        raise ValueError(f"{name}={raw!r} is not {described}: set it to {meaning}, or to 0 or nothing for the "
+                         "built-in choice")
+    return int(text or 0)
 
 
 def _decode(raw: str | bytes | None) -> str:
@@ -103,21 +129,40 @@ class Kernels:
         self.info = self.module.INFO
         self.name = compiled.model.name
         self._plans: dict[tuple, Plan] = {}
+        # the built-in time tile's bound: TILE, or less for a step of more code (a power of two; 1: no tiles)
+        code = max(len(inspect.getsource(getattr(self.module, core_name(self.name, d)).fn)) for d in CORES)
+        self.largest_tile = min(TILE, 1 << max((TILE_CODE // code).bit_length() - 1, 0))
 
-    def config(self, n: int, stages: int = 0) -> dict:
-        """Launch meta-parameters: a block size that gives every SM a few programs (``stages``: the
-        time loop's pipelining depth, 0 for the heuristic)."""
-        if self.interpret:
-            return {"_BLOCK": min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), "_STAGES": 1}
-        # Measured on an H200 (BENCHMARKS.md): 1024-wide blocks of 4 warps are within a few percent of
-        # the best config when there are enough neurons; with few neurons (long sequences), small
-        # blocks of one warp and a 4-stage pipelined time loop keep the most loads in flight.
+    def config(self, n: int, T: int, settings: LaunchSettings) -> dict:
+        """Launch meta-parameters for n neurons over T steps: the block of neurons a program walks
+        through time (it does not depend on T), its warps, the time loop's pipelining depth and
+        time tile (``_TC``: steps whose loads are issued together); each one a setting gives
+        (:class:`LaunchSettings`), the heuristic's otherwise."""
+        if self.interpret:  # (small: a CPU runs each program in turn)
+            block, tile = min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), _time_tile(T, CPU_TILE)
+            return {"_BLOCK": settings.block or block, "_STAGES": 1, "_TC": settings.time_tile or tile}
         sms = _sm_count()
-        block = 1024
-        while block > 64 and _cdiv(n, block) < 4 * sms:
-            block //= 2
-        warps = 4 if block >= 512 else (2 if block >= 256 else 1)
-        return {"_BLOCK": block, "num_warps": warps, "_STAGES": stages or (2 if block >= 512 else 4)}
+        if n >= LONG_NEURONS:
+            # Measured on an H200 (BENCHMARKS.md): 1024-wide blocks of 4 warps are within a few percent
+            # of the best config when there are enough neurons; down to 65,536 neurons, smaller blocks
+            # of one warp and a 4-stage pipelined time loop keep the most loads in flight.
+            block = 1024
+            while block > 64 and _cdiv(n, block) < 4 * sms:
+                block //= 2
+            warps = 4 if block >= 512 else (2 if block >= 256 else 1)
+            stages, tile = (2 if block >= 512 else 4), 1
+        else:
+            # Fewer neurons (usually over many steps) leave the memory idle while each program waits
+            # on its next step's loads: one-warp blocks down to 32 neurons for more programs than SMs,
+            # and time tiles, so that a program has a tile's loads in flight, and the next tile's
+            # (pipelined 2 deep; without tiles, 4 steps deep as before).
+            block = 128
+            while block > 32 and _cdiv(n, block) < 2 * sms:
+                block //= 2
+            tile = _time_tile(T, self.largest_tile)
+            warps, stages = 1, (2 if tile > 1 else 4)
+        return {"_BLOCK": settings.block or block, "num_warps": settings.warps or warps,
+                "_STAGES": settings.stages or stages, "_TC": settings.time_tile or tile}
 
     def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
         """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
@@ -129,11 +174,11 @@ class Kernels:
             plan = self._plans[key] = Plan(self, shape, dtype, settings)
         return plan
 
-    def launch_tiled(self, variant: str, tiling: "Tiling", args: list, traced: bool, **constexprs) -> None:
-        """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles. Its tile
-        is the block of the built-in choice for the same neurons (not autotuned). ``traced``: see
-        :meth:`Plan.launch`."""
-        config = self.config(tiling.rows * tiling.period, launch_settings().stages)
+    def launch_tiled(self, variant: str, tiling: "Tiling", T: int, args: list, traced: bool, **constexprs) -> None:
+        """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles and T
+        steps. Its tile is the block of a launch over the same neurons (not autotuned). ``traced``:
+        see :meth:`Plan.launch`."""
+        config = self.config(tiling.rows * tiling.period, T, launch_settings())
         del config["_BLOCK"]
         kernel = getattr(self.module, kernel_name(self.name, variant))
         (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
@@ -142,12 +187,13 @@ class Kernels:
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
         autotuned = launch_settings().autotune and not self.interpret
-        return _cdiv(n, 64 if autotuned else self.config(n)["_BLOCK"])  # autotuning: the smallest block
+        block = 64 if autotuned else self.config(n, 1, launch_settings())["_BLOCK"]  # autotuning: the smallest
+        return _cdiv(n, block)
 
     def tiling(self, n: int, period: int) -> "Tiling":
         """The tiles of the tiled backward over n neurons seen as rows of ``period``: as many rows per tile
         as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n."""
-        block = self.config(n)["_BLOCK"]
+        block = self.config(n, 1, launch_settings())["_BLOCK"]
         rows = n // period
         tile_rows = min(1 << (rows - 1).bit_length(), max(block // MIN_COLS, 1))
         return Tiling(period, rows, tile_rows, block // tile_rows)
@@ -203,10 +249,10 @@ class Plan:
         if self.autotuned:
             self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
             self.block = 64  # a lower bound on the block size autotuning picks
-            meta: dict = {"_STAGES": settings.stages or 2}
+            meta: dict = {"_STAGES": settings.stages or 2, "_TC": kernels.config(self.n, self.T, settings)["_TC"]}
             self.grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
         else:
-            meta = kernels.config(self.n, settings.stages)
+            meta = kernels.config(self.n, self.T, settings)
             self.block = meta["_BLOCK"]
             self.grid = (_cdiv(self.n, self.block),)
         direct = kernels.device_type == "cuda" and not self.autotuned and not kernels.interpret
@@ -299,6 +345,12 @@ def _stream_getter() -> Callable[[int], int]:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _time_tile(T: int, largest: int) -> int:
+    """The built-in time tile over T steps: a power of two, at most ``largest`` and half of T (two
+    whole tiles at least; 1, no tiles, below 4 steps)."""
+    return min(largest, 1 << max((T // 2).bit_length() - 1, 0))
 
 
 @functools.lru_cache(maxsize=None)
@@ -485,9 +537,9 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
-            plan.source.launch_tiled("backward", tiling, args + [like if sums is None else sums, *_seed_arg(seed), T, n,
-                                                                 tiling.period],
-                                     traced, _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
+            plan.source.launch_tiled("backward", tiling, T, args + [like if sums is None else sums, *_seed_arg(seed), T, n,
+                                                                    tiling.period], traced,
+                                     _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
                                      _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads,
                                      _CARRY_SUMS=sums is not None)
             programs = tiling.programs

@@ -5,9 +5,11 @@ Each subprocess costs a second or two (torch is imported), so several specs go t
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -275,6 +277,8 @@ def _bench_errors(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["--json", str(tmp_path / "object.json")], "holds a JSON object, not the list of runs bench writes"),
         (["--json", str(tmp_path)], "is not a JSON file bench can append to"),
         (["--json", str(tmp_path / "missing" / "out.json")], "does not exist"),
+        (["--long", "-T", "500"], "--long sets the steps and neurons of its cases itself: leave out -T, -n and --shape"),
+        (["--long", "--shape", "2", "8"], "--long sets the steps and neurons"),
     ]
 
 
@@ -321,6 +325,36 @@ def test_bench_honours_plugins_and_params(tmp_path, capsys):
     rows = json.loads(out.read_text())[-1]["results"]
     assert {r["impl"] for r in rows} == {"flexsn-dsl", "torch loop"}
     assert all(r["max_abs_diff"] == 0.0 for r in rows)
+
+
+def test_bench_long_times_few_neurons_over_many_steps():
+    """--long: issue 27's cases, each in the modes asked for (batch-1 streaming: inference only)."""
+    from flexsn_dsl.bench import add_arguments, cases
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    both = [(T, math.prod(shape), modes) for T, shape, modes in cases(parser.parse_args(["s", "--long"]), None)]
+    assert both == [(100, 65536, ["inference", "training"]), (500, 65536, ["inference", "training"]),
+                    (500, 8192, ["inference", "training"]), (1000, 8192, ["inference", "training"]),
+                    (4096, 4096, ["inference", "training"]), (10000, 4096, ["inference"]), (1000, 256, ["inference"])]
+    training = cases(parser.parse_args(["s", "--long", "--mode", "training"]), None)
+    assert [(T, modes) for T, _, modes in training] == [(100, ["training"]), (500, ["training"]), (500, ["training"]),
+                                                       (1000, ["training"]), (4096, ["training"])]
+    assert cases(parser.parse_args(["s", "--long"]), None)[-1][1] == (1, 256)  # one sequence of 256 neurons
+    # without it: every -T with every -n
+    assert cases(parser.parse_args(["s", "-T", "3", "5", "-n", "7", "--mode", "training"]), None) == \
+        [(3, (7,), ["training"]), (5, (7,), ["training"])]
+
+
+def test_bench_records_the_launch_settings_it_ran_with(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "runs.json"
+    monkeypatch.setenv("FLEXSN_DSL_TIME_TILE", "2")
+    monkeypatch.setenv("FLEXSN_DSL_BLOCK", "16")
+    assert main(["bench", str(NEURONS / "lif.yaml"), "-T", "5", "-n", "40", "--peers", "torch", "--mode", "inference",
+                 "--json", str(out)]) == 0
+    run = json.loads(out.read_text())[-1]
+    assert run["launch"] == {"FLEXSN_DSL_BLOCK": "16", "FLEXSN_DSL_TIME_TILE": "2"}
+    assert all(r["max_abs_diff"] == 0.0 for r in run["results"])
+    assert "FLEXSN_DSL_BLOCK=16 FLEXSN_DSL_TIME_TILE=2" in capsys.readouterr().err
 
 
 def test_bench_rounds_report_the_median_of_alternating_timings(tmp_path):

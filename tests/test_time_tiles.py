@@ -1,0 +1,178 @@
+"""Time tiles (issue 27): the kernels walk time in tiles of ``_TC`` steps, each tile's loads issued
+before its steps run, then the last ``T % _TC`` steps one at a time. Every tile size gives the bits
+of the step-at-a-time kernels (``FLEXSN_DSL_TIME_TILE=1``) and the torch backend's values, through
+calls that carry states, for odd T, T shorter than a tile and T a multiple of it; and the launch
+shapes the runtime picks from the neurons and steps of a call."""
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flexsn_dsl
+from flexsn_dsl import triton_runtime as tr
+from flexsn_dsl.compiler import compile_spec
+
+NEURONS = Path(__file__).resolve().parents[1] / "neurons"
+CALLS = (7, 2, 8)  # steps of three calls that carry states: against tiles of 3 and 4, odd, short and whole
+TILES = (3, 4)
+# spec: (sizes, one step's shape); what each adds: two states (alif), two inputs and an input the backward
+# reads (modulated_lif), a continuous-time spec (izhikevich_ct), a learnable scalar (plif), learnable shaped
+# parameters: the tiled backward (plif_channel, per channel; lif_hetero_ct, per neuron), a recurrent spec
+CASES = {
+    "lif": ({}, (2, 9)),
+    "alif": ({}, (2, 9)),
+    "modulated_lif": ({}, (2, 9)),
+    "izhikevich_ct": ({}, (2, 9)),
+    "plif": ({}, (2, 9)),
+    "plif_channel": ({"C": 3}, (2, 3, 2, 2)),
+    "lif_hetero_ct": ({"N": 9}, (2, 9)),
+    "rlif": ({"N": 9}, (2, 9)),
+}
+
+
+def _calls(spec: str, backend: str, monkeypatch, tile: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Outputs, state sequences, final states, and the gradients of the inputs and parameters of a
+    loss on all of them, over three calls from the same random inputs (float64; blocks of 16 neurons:
+    two programs, the second partly masked)."""
+    monkeypatch.setenv("FLEXSN_DSL_TIME_TILE", str(tile))
+    monkeypatch.setenv("FLEXSN_DSL_BLOCK", "16")
+    sizes, shape = CASES[spec]
+    recurrent = spec == "rlif"
+    torch.manual_seed(0)  # (the recurrent weight's initial values, then the inputs)
+    m = flexsn_dsl.load(NEURONS / f"{spec}.yaml", sizes=sizes, backend=backend,
+                        store_state_seqs=not recurrent).double()
+    inputs = [[(torch.rand(T, *shape, dtype=torch.float64) * 2).requires_grad_() for _ in m.spec.inputs]
+              for T in CALLS]
+    results, loss = [], 0
+    for xs in inputs:
+        ys = m(*xs)
+        results += [*(ys if isinstance(ys, tuple) else (ys,)), *m.state_seqs.values()]
+        if backend == "triton" and not recurrent:  # the setting reached the launch
+            plan = tr._kernels(m._compiled, xs[0].device.type).plan(xs[0].shape, xs[0].dtype, tr.launch_settings())
+            assert plan.read_init["_TC"] == tile
+    results += list(m.states.values())
+    for r in results:
+        loss = loss + (r * torch.rand(r.shape, dtype=torch.float64)).sum()
+    wrt = [x for xs in inputs for x in xs] + [p for p in m.parameters() if p.requires_grad]
+    return [r.detach() for r in results], list(torch.autograd.grad(loss, wrt))
+
+
+@pytest.mark.parametrize("spec", CASES)
+def test_time_tiles_give_the_bits_of_the_step_at_a_time_kernels(spec, monkeypatch):
+    results, grads = _calls(spec, "triton", monkeypatch, tile=1)
+    assert all(g.abs().sum() > 0 for g in grads)  # (three calls: each one's inputs get a gradient)
+    for tile in TILES:
+        tiled = _calls(spec, "triton", monkeypatch, tile)
+        for kind, got, expected in zip(("result", "gradient"), tiled, (results, grads)):
+            assert len(got) == len(expected)
+            for k, (a, b) in enumerate(zip(got, expected)):
+                assert torch.equal(a, b), f"tile {tile}: {kind} {k} differs from the step-at-a-time kernels'"
+    for got, expected in zip((results, grads), _calls(spec, "torch", monkeypatch)):
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_the_time_loop_is_tiled_in_forward_and_backward_kernels_only():
+    """Every block kernel walks tiles of _TC steps and then the rest one by one; the recurrent kernels,
+    one matrix product per step, do not."""
+    source = compile_spec(NEURONS / "rlif.yaml").triton_source
+    kernels = source.split("@triton.jit\ndef ")[1:]
+    by_name = {k[:k.index("(")]: k for k in kernels}
+    for variant in ("inference", "inference_final_state", "forward", "forward_final_state", "backward"):
+        body = by_name[f"rlif_{variant}_kernel"]
+        assert body.count("for _k in tl.static_range(_TC):") == 2, variant
+        assert "for _t0 in tl.range(0, _tiled, _TC, num_stages=_STAGES):" in body
+        assert "for _t in tl.range(_tiled, _T):" in body
+    for variant in ("recurrent_forward", "recurrent_backward"):
+        assert "_TC" not in by_name[f"rlif_{variant}_kernel"]
+
+
+UNSET = tr.LaunchSettings(autotune=False, stages=0, recurrent_precision="tf32x3", block=0, warps=0, time_tile=0)
+
+
+def _gpu_kernels(monkeypatch, spec: str = "lif") -> tr.Kernels:
+    """A spec's kernels as the runtime configures them for a GPU of 132 SMs (an H200)."""
+    kernels = copy.copy(tr._kernels(flexsn_dsl.load(NEURONS / f"{spec}.yaml", backend="triton")._compiled, "cpu"))
+    kernels.interpret = False
+    monkeypatch.setattr(tr, "_sm_count", lambda: 132)
+    return kernels
+
+
+def test_launch_shapes_keep_many_neurons_as_they_were_and_tile_time_for_few(monkeypatch):
+    gpu = _gpu_kernels(monkeypatch)
+    # B*N >= 65,536: the blocks measured before time tiles, no tiles
+    assert gpu.config(4 << 20, 8, UNSET) == {"_BLOCK": 1024, "num_warps": 4, "_STAGES": 2, "_TC": 1}
+    assert gpu.config(1 << 18, 64, UNSET) == {"_BLOCK": 256, "num_warps": 2, "_STAGES": 4, "_TC": 1}
+    assert gpu.config(65536, 500, UNSET) == {"_BLOCK": 64, "num_warps": 1, "_STAGES": 4, "_TC": 1}
+    # fewer: one-warp blocks small enough for more programs than SMs (down to 32 neurons), tiles of 16 steps
+    assert gpu.config(8192, 1000, UNSET) == {"_BLOCK": 32, "num_warps": 1, "_STAGES": 2, "_TC": 16}
+    assert gpu.config(32768, 500, UNSET)["_BLOCK"] == 64  # 512 programs
+    assert gpu.config(256, 1000, UNSET)["_BLOCK"] == 32  # batch-1 streaming: 8 programs
+    # the tile: a power of two, at most half of T
+    assert [gpu.config(4096, T, UNSET)["_TC"] for T in (1, 3, 4, 8, 15, 16, 32, 4096)] == [1, 1, 2, 4, 4, 8, 16, 16]
+    assert gpu.config(4096, 3, UNSET)["_STAGES"] == 4  # no tiles: the step-at-a-time loop pipelined as before
+
+
+def test_the_built_in_tile_unrolls_a_bounded_amount_of_code(monkeypatch):
+    """Compile time grows faster than a tile's code: a step of more code gets smaller tiles (a power of
+    two, at most TILE_CODE characters of core source), HH's none."""
+    for spec, largest in (("lif", 16), ("izhikevich_ct", 8), ("adex_ct", 2), ("hh", 1)):
+        gpu = _gpu_kernels(monkeypatch, spec)
+        code = max(len(inspect.getsource(getattr(gpu.module, f"{spec}_{d}_core").fn)) for d in ("forward", "backward"))
+        assert gpu.largest_tile == largest
+        assert largest * code <= tr.TILE_CODE < 2 * largest * code or largest in (1, tr.TILE)
+        assert gpu.config(8192, 1000, UNSET)["_TC"] == largest
+    assert gpu.config(8192, 1000, UNSET)["_STAGES"] == 4  # (HH: no tiles)
+
+
+def test_launch_settings_override_each_choice(monkeypatch):
+    gpu = _gpu_kernels(monkeypatch)
+    given = UNSET._replace(stages=3, block=128, warps=2, time_tile=8)
+    for n in (4 << 20, 8192):
+        assert gpu.config(n, 1000, given) == {"_BLOCK": 128, "num_warps": 2, "_STAGES": 3, "_TC": 8}
+    assert gpu.config(8192, 1000, UNSET._replace(time_tile=1))["_TC"] == 1  # no tiles
+    cpu = tr._kernels(flexsn_dsl.load(NEURONS / "lif.yaml", backend="triton")._compiled, "cpu")
+    if cpu.interpret:  # the interpreter: small blocks and tiles of at most 4 steps, unless a setting says
+        assert cpu.config(40, 1000, UNSET) == {"_BLOCK": 64, "_STAGES": 1, "_TC": 4}
+        assert cpu.config(40, 1000, given) == {"_BLOCK": 128, "_STAGES": 1, "_TC": 8}
+
+
+
+COMPILE_FOR_GPU = """
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from flexsn_dsl.compiler import compile_spec
+spec, variant = sys.argv[1:]
+module = compile_spec(spec).triton_module()
+fn = getattr(module, f"{module.INFO.neuron}_{variant}_kernel")
+given = dict(_BLOCK=32, _ROWS=1, _COLS=32, _DTYPE=tl.float32, _STAGES=2, _TC=4, _CONST_INIT=True,
+             _HAS_STATE_GRADS=True, _HAS_FINAL_GRADS=False, _WRITE_INIT_GRADS=False)
+signature = {a: "constexpr" if a in given else "i32" if a in ("_T", "_N", "_P") or a.endswith(("__inner", "__size",
+             "__split")) else "*fp32" for a in fn.arg_names}
+constants = {a: given[a] for a in fn.arg_names if a in given}
+kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 1})
+print(kernel.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("spec,variant", [("lif", "forward"), ("lif", "backward"), ("plif_channel", "backward")])
+def test_tiles_compile_for_a_gpu(spec, variant, tmp_path):
+    """Compiled offline for an NVIDIA GPU (Triton's own toolchain; the interpreter does not check what its
+    compiler accepts): a tile's tuples, pipelined, in the block kernels and the tiled backward."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = dict(os.environ, TRITON_INTERPRET="0", FLEXSN_DSL_CACHE=str(tmp_path), PYTHONPATH=str(NEURONS.parent),
+               TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, str(NEURONS / f"{spec}.yaml"), variant], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count(".entry") == 1 and "cp.async" in done.stdout  # the tile's loads: pipelined copies
