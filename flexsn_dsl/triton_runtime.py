@@ -21,8 +21,10 @@ from torch.library import wrap_triton  # noqa: E402
 
 from .compiler import Compiled
 from .names import VARIANTS, kernel_name
+from .scan_templates import scan_variant
 
 CPU_BLOCK = 1024
+SCAN_TC = 16  # the steps of a time-parallel kernel's tile in the interpreter
 MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
@@ -33,6 +35,7 @@ class LaunchSettings(NamedTuple):
     autotune: bool  # $FLEXSN_DSL_AUTOTUNE=1: autotune block sizes (GPU only)
     stages: int     # $FLEXSN_DSL_STAGES: pipelining stages of the time loop (0: heuristic)
     recurrent_precision: str  # $FLEXSN_DSL_RECURRENT_PRECISION: the recurrent product's float32 precision
+    time_parallel: bool = True  # $FLEXSN_DSL_TIME_PARALLEL=0: sequential kernels also for time-parallel specs
 
 
 def launch_settings() -> LaunchSettings:
@@ -41,7 +44,7 @@ def launch_settings() -> LaunchSettings:
     return _parse_settings(*_read_settings())
 
 
-_SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION")
+_SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_TIME_PARALLEL")
 _SETTING_KEYS = tuple(os.environ.encodekey(name) for name in _SETTINGS)  # (as os.environ stores them)
 
 
@@ -57,7 +60,7 @@ def _read_settings() -> tuple[str | bytes | None, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
-    autotune, stages, precision = map(_decode, raw)
+    autotune, stages, precision, parallel = map(_decode, raw)
     if autotune.strip() not in ("", "0", "1"):
         raise ValueError(f"FLEXSN_DSL_AUTOTUNE={autotune!r} is not 0 or 1: set it to 1 to autotune block sizes "
                          "on the GPU, to 0 or nothing for the built-in choice")
@@ -71,7 +74,11 @@ def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
                          f"{', '.join(RECURRENT_PRECISIONS)}: set it to the recurrent product's precision in float32 "
                          "layers: tf32x3 (float32 accuracy on tensor cores; the default, also when unset), ieee "
                          "(float32 FMA, slower) or tf32 (fastest, about 1e-3 relative error)")
-    return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0), recurrent_precision=product)
+    if parallel.strip() not in ("", "0", "1"):
+        raise ValueError(f"FLEXSN_DSL_TIME_PARALLEL={parallel!r} is not 0 or 1: set it to 0 to run specs whose states are "
+                         "affine (time-parallel) with the sequential kernels, to 1 or nothing for the scan kernels")
+    return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0), recurrent_precision=product,
+                          time_parallel=parallel.strip() != "0")
 
 
 def _decode(raw: str | bytes | None) -> str:
@@ -102,6 +109,8 @@ class Kernels:
         self.module = compiled.triton_module()
         self.info = self.module.INFO
         self.name = compiled.model.name
+        # the variants with a time-parallel kernel (a step affine in its states: flexsn_dsl.scan_templates)
+        self.scans = tuple(v for v in VARIANTS if hasattr(self.module, kernel_name(self.name, scan_variant(v))))
         self._plans: dict[tuple, Plan] = {}
 
     def config(self, n: int, stages: int = 0) -> dict:
@@ -118,6 +127,16 @@ class Kernels:
             block //= 2
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
         return {"_BLOCK": block, "num_warps": warps, "_STAGES": stages or (2 if block >= 512 else 4)}
+
+    def scan_config(self, n: int) -> dict:
+        """Launch meta-parameters of the time-parallel kernels: blocks of neurons narrow enough that every SM
+        has a program where there are few neurons, and tiles of ``_TC`` steps of about 2048 elements."""
+        if self.interpret:
+            return {"_BLOCK": min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), "_STAGES": 1, "_TC": SCAN_TC}
+        block = 128
+        while block > 16 and _cdiv(n, block) < 2 * _sm_count():
+            block //= 2
+        return {"_BLOCK": block, "num_warps": 4, "_STAGES": 1, "_TC": 2048 // block}
 
     def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
         """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
@@ -198,15 +217,17 @@ class Plan:
         self.kept_inputs = kept_inputs(info)
         self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
-        self.autotuned = settings.autotune and not kernels.interpret
-        self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, v)) for v in VARIANTS}
+        scans = kernels.scans if settings.time_parallel else ()  # (the tiled backward stays sequential)
+        self.autotuned = settings.autotune and not kernels.interpret and not scans
+        self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, scan_variant(v) if v in scans else v))
+                        for v in VARIANTS}
         if self.autotuned:
             self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
             self.block = 64  # a lower bound on the block size autotuning picks
             meta: dict = {"_STAGES": settings.stages or 2}
             self.grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
         else:
-            meta = kernels.config(self.n, settings.stages)
+            meta = kernels.scan_config(self.n) if scans else kernels.config(self.n, settings.stages)
             self.block = meta["_BLOCK"]
             self.grid = (_cdiv(self.n, self.block),)
         direct = kernels.device_type == "cuda" and not self.autotuned and not kernels.interpret
