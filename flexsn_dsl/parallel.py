@@ -125,6 +125,8 @@ def _form(expr: sympy.Expr, forms: dict, states: set, values: dict) -> _Form:
 
 def analyse(ir: StepIR) -> Affine | str:
     """The step's affine form, or why it runs sequentially (``"sequential: s feeds back into v"``)."""
+    if not ir.states:
+        return "sequential: no states"
     if ir.recurrent:
         fed = ", ".join(s.name for s in ir.recurrent)
         return f"sequential: {fed} feeds back through a recurrent input"

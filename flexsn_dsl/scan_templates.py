@@ -78,7 +78,8 @@ def _carry(target: str, rows: str) -> str:
     return f"{target} = tl.sum(tl.where(_last, {rows}, 0.0), axis=0).to(_DTYPE)"
 
 
-def _forward_kernel(cores: Cores, affine: Affine, variant: str) -> str:
+def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> str:
+    """``p`` prints the coefficients (and records the helpers they call)."""
     info = cores.info
     training = variant.startswith("forward")
     state_seqs = variant in ("inference", "forward")
@@ -106,10 +107,11 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str) -> str:
               f"{I2}_here = (_steps[:, None] < _T) & _mask[None, :]",
               f"{I2}_at = tl.cast(_steps, tl.int64)[:, None] * _N + _offs[None, :]",
               f"{I2}# row r: the map of step t - 1 (row 0: the identity), from the inputs of that step"]
-    lines += [f"{I2}{n} = {_tile_load(f'{n}__in + _at - _N', '(_rows[:, None] > 0) & _here')}"
-              for n in info.input_names]
-    p = Printer(TRITON)
     k = len(states)
+    used = set().union(*(affine.matrix[i][j].free_symbols for i, j in affine.pattern),
+                       *(b.free_symbols for b in affine.offset))
+    lines += [f"{I2}{n} = {_tile_load(f'{n}__in + _at - _N', '(_rows[:, None] > 0) & _here')}"
+              for n in info.input_names if any(s.name == n for s in used)]
     for i, j in affine.pattern:
         lines.append(f"{I2}_a{i}_{j} = tl.where(_first, {1.0 if i == j else 0.0}, _zero + ({p(affine.matrix[i][j])}))")
     lines += [f"{I2}_b{i} = tl.where(_first, 0.0, _zero + ({p(affine.offset[i])}))" for i in range(k)]
@@ -210,10 +212,19 @@ def scan_source(cores: Cores, affine: Affine) -> str:
     k = len(cores.info.state_names)
     parts = [_compose_source("_compose", affine.pattern, k, "Combine of the forward scan")]
     variants = [v for v in SCAN_VARIANTS if v != "backward"]
-    parts += [_forward_kernel(cores, affine, v) for v in variants]
+    printer = Printer(TRITON)
+    parts += [_forward_kernel(cores, affine, v, printer) for v in variants]
     if not cores.info.learnable_shaped:
         parts.insert(1, _compose_source("_compose_adjoint", _transposed(affine.pattern), k,
                                         "Combine of the backward (adjoint) scan"))
         parts.append(_backward_kernel(cores, affine))
-    return "\n\n".join(parts)
+    helpers = _missing_helpers(printer, cores.source)
+    return (helpers.rstrip("\n") + "\n\n\n" if helpers else "") + "\n\n".join(parts)
+
+
+def _missing_helpers(printer: Printer, source: str) -> str:
+    """The helpers that the text ``printer`` printed calls and ``source`` (the cores) does not define."""
+    missing = Printer(TRITON)
+    missing.helpers = {h for h in printer.helpers if f"def {h if isinstance(h, str) else f'_pow_{h}'}(" not in source}
+    return missing.helper_source()
 

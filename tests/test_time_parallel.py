@@ -69,6 +69,20 @@ equations:
 method: exact
 outputs: [v]
 """
+# coefficients that are products of the spec's (a ** 2): printed with a helper (_pow_2) the cores do not call
+SQUARED = """
+neuron: squared
+parameters:
+  a: {value: 0.7, learnable: true}
+states:
+  i: 0.0
+  v: 0.0
+step:
+  u: a * i
+  i: a * u + x
+  v: 0.5 * v + i
+outputs: [v]
+"""
 # a learnable per-channel decay and a fixed per-channel gain (shaped parameters), a condition on the input
 SHAPED = """
 neuron: channel_trace
@@ -242,6 +256,11 @@ def test_long_sequences_equal_the_sequential_kernels(monkeypatch):
 @pytest.mark.parametrize("seqs", [False, True])
 def test_coupled_states_equal_the_sequential_kernels(seqs, monkeypatch):
     _compare(CUBA, monkeypatch, [2 * TILE + 3, TILE - 1], seqs=seqs)
+
+
+def test_coefficients_with_their_own_helpers_equal_the_sequential_kernels(monkeypatch):
+    assert "_pow_2(a)" not in compile_spec(text=SQUARED).cores.source
+    _compare(SQUARED, monkeypatch, [TILE + 2])
 
 
 def test_inference_equals_the_sequential_kernels(monkeypatch):
