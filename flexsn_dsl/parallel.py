@@ -52,6 +52,7 @@ class _Form:
 
 
 def _nonlinear(expr: sympy.Expr, forms: dict, states: set) -> _Form:
+    """``expr`` as the reason a form is not affine, with the states it depends on."""
     involved = set()
     for sym in expr.free_symbols:
         if sym in states:
@@ -78,7 +79,8 @@ def _add(forms: list[_Form]) -> _Form:
 def _form(expr: sympy.Expr, forms: dict, states: set, values: dict) -> _Form:
     """``expr``'s affine form over ``states``; ``forms``: those of the assignments before it, ``values``:
     their values in inputs and parameters (for the state-free parts)."""
-    dependent = {s for s in expr.free_symbols if s in states or (s in forms and (forms[s].coeffs or not forms[s].affine))}
+    dependent = {s for s in expr.free_symbols
+                 if s in states or (s in forms and (forms[s].coeffs or not forms[s].affine))}
     if not dependent:
         return _Form({}, expr.xreplace(values))
     if expr in states:

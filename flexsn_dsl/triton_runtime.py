@@ -75,8 +75,8 @@ def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
                          "layers: tf32x3 (float32 accuracy on tensor cores; the default, also when unset), ieee "
                          "(float32 FMA, slower) or tf32 (fastest, about 1e-3 relative error)")
     if parallel.strip() not in ("", "0", "1"):
-        raise ValueError(f"FLEXSN_DSL_TIME_PARALLEL={parallel!r} is not 0 or 1: set it to 0 to run specs whose states are "
-                         "affine (time-parallel) with the sequential kernels, to 1 or nothing for the scan kernels")
+        raise ValueError(f"FLEXSN_DSL_TIME_PARALLEL={parallel!r} is not 0 or 1: set it to 0 to run specs whose states "
+                         "are affine (time-parallel) with the sequential kernels, to 1 or nothing for the scan kernels")
     return LaunchSettings(autotune=autotune.strip() == "1", stages=int(text or 0), recurrent_precision=product,
                           time_parallel=parallel.strip() != "0")
 

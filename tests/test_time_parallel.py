@@ -205,7 +205,8 @@ def test_affine_forms_are_the_hand_derived_ones():
     values = {syn: 0.37, g: -0.4, x: 1.3}
     for got, want in zip([*cuba.matrix[0], *cuba.matrix[1], *cuba.offset],
                          [*expected[0], *expected[1], mem * (0.1 + x), (1 - syn) * x]):
-        assert abs(float(sympy.N(got.subs(values).rewrite(sympy.exp))) - float(sympy.sympify(want).subs(values))) < 1e-12
+        value = float(sympy.N(got.subs(values).rewrite(sympy.exp)))
+        assert abs(value - float(sympy.sympify(want).subs(values))) < 1e-12
     assert cuba.pattern == ((0, 0), (0, 1), (1, 1))  # upper triangular over (v, i), the diagonal
     li = analyse(compile_spec(text=LI).ir)
     assert verdict(compile_spec(text=LI).ir) == TIME_PARALLEL and li.pattern == ((0, 0),)
