@@ -17,12 +17,15 @@ gradients. The scan reorders the arithmetic: results equal the sequential kernel
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .codegen_triton import Cores
 from .literals import identifier
 from .names import kernel_name
 from .parallel import Affine
 from .printer import TRITON, Printer
-from .templates import BLOCK_SIZES, I1, I2, _backward_names, _head, _if, _initial_states, _param_args, _params_load
+from .templates import (BLOCK_SIZES, I1, I2, TILE_SIZES, _backward_names, _head, _if, _initial_states, _param_args,
+                        _params_load, _shaped_grads, _tile_head)
 
 I3 = I2 + I1
 SCAN_VARIANTS = ("inference", "inference_final_state", "forward", "forward_final_state", "backward")
@@ -53,16 +56,31 @@ def _transposed(pattern: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], 
     return tuple(sorted((j, i) for i, j in pattern))
 
 
-def _signature(cores: Cores, variant: str, groups: list[tuple[list[str], str]], flags: str) -> list[str]:
+def _signature(cores: Cores, variant: str, groups: list[tuple[list[str], str]], flags: str,
+               sizes: str = BLOCK_SIZES) -> list[str]:
     lines = ["@triton.jit", f"def {identifier(kernel_name(cores.info.neuron, scan_variant(variant)))}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
-    return lines + [f"{I1}_T, {BLOCK_SIZES}{flags}{TILE},", "):"]
+    return lines + [f"{I1}_T, {sizes}{flags}{TILE},", "):"]
 
 
-def _tile_head() -> list[str]:
-    return [f"{I1}_rows = tl.arange(0, _TC)",
-            f"{I1}_first = _rows[:, None] == 0",
-            f"{I1}_zero = tl.zeros([_TC, _BLOCK], dtype=_DTYPE)"]
+class _Layout(NamedTuple):
+    """A program's neurons: a block ``[_BLOCK]``, or a tile ``[_ROWS, _COLS]`` of the tiled backward (a
+    learnable parameter with a shape); a tile of steps adds a leading axis of ``_TC`` steps."""
+
+    shape: str   # the neurons' shape
+    each: str    # indexes a value of the neurons' shape for each step: [None, :]
+    step: str    # indexes a step's value for each neuron: [:, None]
+
+
+BLOCK = _Layout("[_BLOCK]", "[None, :]", "[:, None]")
+TILED = _Layout("[_ROWS, _COLS]", "[None, :, :]", "[:, None, None]")
+
+
+def _steps_head(layout: _Layout) -> list[str]:
+    """``_tt``: the rows of a tile of steps; ``_first`` its first row; ``_zero`` a tile of zeros."""
+    return [f"{I1}_tt = tl.arange(0, _TC)",
+            f"{I1}_first = _tt{layout.step} == 0",
+            f"{I1}_zero = tl.zeros([_TC, {layout.shape[1:-1]}], dtype=_DTYPE)"]
 
 
 def _tile_load(ptr: str, mask: str) -> str:
@@ -74,7 +92,7 @@ def _tile_store(ptr: str, value: str) -> str:
 
 
 def _carry(target: str, rows: str) -> str:
-    """The last step's row of ``rows`` (a [_TC, _BLOCK] tile) as the carry ``target`` [_BLOCK]."""
+    """The last step's row of ``rows`` (a tile of steps) as the carry ``target`` (the neurons' shape)."""
     return f"{target} = tl.sum(tl.where(_last, {rows}, 0.0), axis=0).to(_DTYPE)"
 
 
@@ -101,16 +119,16 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons, '
               f'time-parallel: a scan over tiles of _TC steps."""']
-    lines += _head() + _params_load(info) + _initial_states(info, "[_BLOCK]") + _tile_head()
+    lines += _head() + _params_load(info) + _initial_states(info, "[_BLOCK]") + _steps_head(BLOCK)
     lines += [f"{I1}for _t0 in tl.range(0, _T, _TC):",
-              f"{I2}_steps = _t0 + _rows",
+              f"{I2}_steps = _t0 + _tt",
               f"{I2}_here = (_steps[:, None] < _T) & _mask[None, :]",
               f"{I2}_at = tl.cast(_steps, tl.int64)[:, None] * _N + _offs[None, :]",
               f"{I2}# row r: the map of step t - 1 (row 0: the identity), from the inputs of that step"]
     k = len(states)
     used = set().union(*(affine.matrix[i][j].free_symbols for i, j in affine.pattern),
                        *(b.free_symbols for b in affine.offset))
-    lines += [f"{I2}{n} = {_tile_load(f'{n}__in + _at - _N', '(_rows[:, None] > 0) & _here')}"
+    lines += [f"{I2}{n} = {_tile_load(f'{n}__in + _at - _N', '(_tt[:, None] > 0) & _here')}"
               for n in info.input_names if any(s.name == n for s in used)]
     for i, j in affine.pattern:
         lines.append(f"{I2}_a{i}_{j} = tl.where(_first, {1.0 if i == j else 0.0}, _zero + ({p(affine.matrix[i][j])}))")
@@ -130,39 +148,47 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
         lines += [f"{I2}{_tile_store(f'{n}__saved', f'{n}__saved_t')}" for n in info.saved_names]
     if state_seqs:
         lines += [f"{I2}{_tile_store(f'{n}__states', a)}" for n, a in zip(states, after)]
-    lines += [f"{I2}_last = _rows[:, None] == tl.minimum(_T - _t0, _TC) - 1"]
+    lines += [f"{I2}_last = _tt[:, None] == tl.minimum(_T - _t0, _TC) - 1"]
     lines += [f"{I2}{_carry(n, a)}" for n, a in zip(states, after)]
     lines += [f"{I1}tl.store({n}__final + _offs, {n}.to({n}__final.dtype.element_ty), mask=_mask)" for n in states]
     return "\n".join(lines) + "\n"
 
 
 def _backward_kernel(cores: Cores, affine: Affine) -> str:
+    """With a learnable parameter with a shape, a program takes a tile of the step seen as rows of
+    ``_P`` neurons and sums the parameter gradients as the sequential tiled backward does."""
     info = cores.info
     kept, read_unique, grad_out, grad_in, call_args, results = _backward_names(info)
     states = list(info.state_names)
     k = len(states)
+    tiled = bool(info.learnable_shaped)
+    layout = TILED if tiled else BLOCK
+    grads = ["_params_grad"] if info.scalar_params else []
+    grads += [f"{n}__{x}" for n in info.learnable_shaped for x in ("grad", "split")]
     lines = _signature(cores, "backward", [
         (grad_out + [f"{n}__grad_states" for n in states] + [f"{n}__grad_final" for n in states],
          "upstream gradients"),
         (kept, "what the forward kept"),
         (grad_in + [f"{n}__grad_init" for n in states], "written"),
         _param_args(info),
-        (["_params_grad"] if info.scalar_params else [], "partial parameter gradients [programs, P]"),
-    ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr")
+        (grads, "partial parameter gradients: scalars [programs, P]; shaped [row tiles, segments, split]"
+         if tiled else "partial parameter gradients [programs, P]"),
+    ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr",
+        TILE_SIZES if tiled else BLOCK_SIZES)
     lines += [f'{I1}"""Backward of {info.neuron}, time-parallel: tiles of _TC steps from the last, a reverse scan '
               f'of the adjoint maps in each."""']
-    lines += _head() + _params_load(info)
+    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled)
     lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = tl.load({n}__grad_final + _offs, mask=_mask, "
                                       f"other=0.0).to(_DTYPE)" for n in states],
-                 [f"{I1}{n}__grad_acc = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in states])
-    lines += [f"{I1}{n}__grad_sum = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in info.param_names]
-    lines += _tile_head()
+                 [f"{I1}{n}__grad_acc = tl.zeros({layout.shape}, dtype=_DTYPE)" for n in states])
+    lines += [f"{I1}{n}__grad_sum = tl.zeros({layout.shape}, dtype=_DTYPE)" for n in info.param_names]
+    lines += _steps_head(layout)
     lines += [f"{I1}for _t1 in tl.range(0, _T, _TC):",
-              f"{I2}_steps = _T - 1 - _t1 - _rows  # time runs down the tile",
-              f"{I2}_here = (_steps[:, None] >= 0) & _mask[None, :]",
-              f"{I2}_at = tl.cast(_steps, tl.int64)[:, None] * _N + _offs[None, :]",
+              f"{I2}_steps = _T - 1 - _t1 - _tt  # time runs down the tile",
+              f"{I2}_here = (_steps{layout.step} >= 0) & _mask{layout.each}",
+              f"{I2}_at = tl.cast(_steps, tl.int64){layout.step} * _N + _offs{layout.each}",
               f"{I2}# row r: the adjoint map of step t + 1 (row 0: the identity)",
-              f"{I2}_later = (_rows[:, None] > 0) & _here"]
+              f"{I2}_later = (_tt{layout.step} > 0) & _here"]
     lines += [f"{I2}{r}_t = {_tile_load(f'{r} + _at + _N', '_later')}" for r in grad_out + read_unique]
     lines += [f"{I2}if _HAS_STATE_GRADS:"]
     lines += [f"{I3}{n}__grad_next = {_tile_load(f'{n}__grad_states + _at + _N', '_later')}" for n in states]
@@ -187,7 +213,7 @@ def _backward_kernel(cores: Cores, affine: Affine) -> str:
               f"{', '.join(f'_c{i}' for i in range(k))},), 0, _compose_adjoint)"]
     lines += [f"{I2}# each row's state gradients after its step, then the step's backward"]
     for i, n in enumerate(states):
-        terms = [f"_M{i}_{j} * {states[j]}__grad_acc[None, :]" for j in range(k) if (i, j) in adjoint]
+        terms = [f"_M{i}_{j} * {states[j]}__grad_acc{layout.each}" for j in range(k) if (i, j) in adjoint]
         lines.append(f"{I2}{n}__grad_next = {' + '.join(terms)} + _C{i}")
     lines += [f"{I2}if _HAS_STATE_GRADS:"]
     lines += [f"{I3}{n}__grad_next += {_tile_load(f'{n}__grad_states + _at', '_here')}" for n in states]
@@ -196,28 +222,29 @@ def _backward_kernel(cores: Cores, affine: Affine) -> str:
     lines += [f"{I2}{', '.join(before)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_tile_store(f'{n}__grad_in', f'{n}__grad_in_t')}" for n in info.input_names]
     lines += [f"{I2}{n}__grad_sum += tl.sum(tl.where(_here, {n}__grad_t, 0.0), axis=0)" for n in info.param_names]
-    lines += [f"{I2}_last = _rows[:, None] == tl.minimum(_T - _t1, _TC) - 1"]
+    lines += [f"{I2}_last = _tt{layout.step} == tl.minimum(_T - _t1, _TC) - 1"]
     lines += [f"{I2}{_carry(f'{n}__grad_acc', f'{n}__grad_before')}" for n in states]
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}tl.store({n}__grad_init + _offs, {n}__grad_acc.to("
                                        f"{n}__grad_init.dtype.element_ty), mask=_mask)" for n in states])
-    lines += [f"{I1}tl.store(_params_grad + tl.program_id(0) * {info.num_params} + {j}, tl.sum({n}__grad_sum, axis=0))"
+    # one row of scalar partial sums per program, in launch order (as the sequential backward)
+    program, total = ("(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))", "tl.sum(tl.sum({}, axis=1), axis=0)") \
+        if tiled else ("tl.program_id(0)", "tl.sum({}, axis=0)")
+    lines += [f"{I1}tl.store(_params_grad + {program} * {info.num_params} + {j}, {total.format(f'{n}__grad_sum')})"
               for j, n in enumerate(info.scalar_params)]
+    lines += _shaped_grads(info)
     return "\n".join(lines) + "\n"
 
 
 def scan_source(cores: Cores, affine: Affine) -> str:
     """The time-parallel kernels of a spec with this affine step, and their combine functions (appended
-    to the module of :func:`flexsn_dsl.templates.module_source`). A learnable parameter with a shape
-    keeps the sequential (tiled) backward: only the forward variants are generated then."""
+    to the module of :func:`flexsn_dsl.templates.module_source`)."""
     k = len(cores.info.state_names)
-    parts = [_compose_source("_compose", affine.pattern, k, "Combine of the forward scan")]
-    variants = [v for v in SCAN_VARIANTS if v != "backward"]
+    parts = [_compose_source("_compose", affine.pattern, k, "Combine of the forward scan"),
+             _compose_source("_compose_adjoint", _transposed(affine.pattern), k,
+                             "Combine of the backward (adjoint) scan")]
     printer = Printer(TRITON)
-    parts += [_forward_kernel(cores, affine, v, printer) for v in variants]
-    if not cores.info.learnable_shaped:
-        parts.insert(1, _compose_source("_compose_adjoint", _transposed(affine.pattern), k,
-                                        "Combine of the backward (adjoint) scan"))
-        parts.append(_backward_kernel(cores, affine))
+    parts += [_forward_kernel(cores, affine, v, printer) for v in SCAN_VARIANTS if v != "backward"]
+    parts.append(_backward_kernel(cores, affine))
     helpers = _missing_helpers(printer, cores.source)
     return (helpers.rstrip("\n") + "\n\n\n" if helpers else "") + "\n\n".join(parts)
 

@@ -148,11 +148,12 @@ class Kernels:
             plan = self._plans[key] = Plan(self, shape, dtype, settings)
         return plan
 
-    def launch_tiled(self, variant: str, tiling: "Tiling", args: list, traced: bool, **constexprs) -> None:
+    def launch_tiled(self, variant: str, tiling: "Tiling", args: list, traced: bool, meta: dict | None = None,
+                     **constexprs) -> None:
         """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles. Its tile
-        is the block of the built-in choice for the same neurons (not autotuned). ``traced``: see
-        :meth:`Plan.launch`."""
-        config = self.config(tiling.rows * tiling.period, launch_settings().stages)
+        is the block of the built-in choice for the same neurons (not autotuned), or of ``meta`` (the time-parallel
+        kernel's). ``traced``: see :meth:`Plan.launch`."""
+        config = dict(meta) if meta else self.config(tiling.rows * tiling.period, launch_settings().stages)
         del config["_BLOCK"]
         kernel = getattr(self.module, kernel_name(self.name, variant))
         (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
@@ -163,10 +164,11 @@ class Kernels:
         autotuned = launch_settings().autotune and not self.interpret
         return _cdiv(n, 64 if autotuned else self.config(n)["_BLOCK"])  # autotuning: the smallest block
 
-    def tiling(self, n: int, period: int) -> "Tiling":
+    def tiling(self, n: int, period: int, block: int = 0) -> "Tiling":
         """The tiles of the tiled backward over n neurons seen as rows of ``period``: as many rows per tile
-        as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n."""
-        block = self.config(n)["_BLOCK"]
+        as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n
+        (or ``block``)."""
+        block = block or self.config(n)["_BLOCK"]
         rows = n // period
         tile_rows = min(1 << (rows - 1).bit_length(), max(block // MIN_COLS, 1))
         return Tiling(period, rows, tile_rows, block // tile_rows)
@@ -217,7 +219,7 @@ class Plan:
         self.kept_inputs = kept_inputs(info)
         self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
-        scans = kernels.scans if settings.time_parallel else ()  # (the tiled backward stays sequential)
+        scans = kernels.scans if settings.time_parallel else ()
         self.autotuned = settings.autotune and not kernels.interpret and not scans
         self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, scan_variant(v) if v in scans else v))
                         for v in VARIANTS}
@@ -230,6 +232,9 @@ class Plan:
             meta = kernels.scan_config(self.n) if scans else kernels.config(self.n, settings.stages)
             self.block = meta["_BLOCK"]
             self.grid = (_cdiv(self.n, self.block),)
+        # the tiled backward's kernel, and its launch meta-parameters (None: the sequential kernel's own)
+        self.tiled_variant, self.tiled_meta = (scan_variant("backward"), meta) if "backward" in scans else \
+            ("backward", None)
         direct = kernels.device_type == "cuda" and not self.autotuned and not kernels.interpret
         self.launchers = {v: DirectLaunch(k, self.grid) if direct else _jit_launch(k[self.grid])
                           for v, k in self.kernels.items()}
@@ -469,7 +474,8 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         if params is not None or shaped:
             args += _param_args(params, shaped, layout)
         if plan.tiled:
-            tiling = plan.source.tiling(n, shaped_period(layout))
+            tiling = plan.source.tiling(n, shaped_period(layout),
+                                        plan.tiled_meta["_BLOCK"] if plan.tiled_meta else 0)
             partial = params.new_zeros((tiling.programs, params.shape[0])) if params is not None else None
             partials = {}  # learnable shaped parameter k -> partial sums [row tiles, segments, split]
             for k, (values, grad) in enumerate(zip(shaped, learnable)):
@@ -477,7 +483,8 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
-            plan.source.launch_tiled("backward", tiling, args + [T, n, tiling.period], traced,
+            plan.source.launch_tiled(plan.tiled_variant, tiling, args + [T, n, tiling.period], traced,
+                                     plan.tiled_meta,
                                      _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
                                      _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads)
             programs = tiling.programs

@@ -223,8 +223,8 @@ def test_show_prints_the_verdict(tmp_path, capsys):
 
 # -- the kernels -----------------------------------------------------------------------------------
 def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
-    """The plan holds the scan kernels (only the tiled backward of a learnable shaped parameter stays
-    sequential), and the sequential ones with FLEXSN_DSL_TIME_PARALLEL=0 and for other specs."""
+    """The plan holds the scan kernels (also for the tiled backward of a learnable shaped parameter), and
+    the sequential ones with FLEXSN_DSL_TIME_PARALLEL=0 and for other specs."""
     def kernels(text: str, setting: str, **sizes) -> dict[str, str]:
         monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", setting)
         compiled = compile_spec(text=text)
@@ -236,7 +236,10 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     assert scan == {v: kernel_name("li", scan_variant(v)) for v in scan}
     assert kernels(LI, "0") == {v: kernel_name("li", v) for v in scan}
     assert kernels((ROOT / "neurons" / "lif.yaml").read_text(), "1") == {v: kernel_name("lif", v) for v in scan}
-    assert not hasattr(compile_spec(text=SHAPED).triton_module(), kernel_name("channel_trace", "scan_backward"))
+    monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1")
+    tiled = triton_runtime._kernels(compile_spec(text=SHAPED), "cpu")  # a learnable shaped parameter: tiles
+    plan = tiled.plan(torch.Size([4, 2, 3]), torch.float64, triton_runtime.launch_settings())
+    assert plan.tiled and plan.tiled_variant == scan_variant("backward") and plan.tiled_meta["_TC"] == TILE
 
 
 def test_a_bad_time_parallel_setting_says_what_to_set(monkeypatch):
@@ -275,9 +278,10 @@ def test_continuous_time_specs_equal_the_sequential_kernels(monkeypatch):
     _compare(CUBA_CT, monkeypatch, [TILE * 2 + 1, TILE - 2], shape=(4,))
 
 
-@pytest.mark.parametrize("text", [SHAPED, FIXED])
-def test_shaped_parameters_equal_the_sequential_kernels(text, monkeypatch):
-    _compare(text, monkeypatch, [TILE + 9, 4], shape=(2, 3), sizes={"C": 3}, seqs=True)
+@pytest.mark.parametrize("text, shape", [(SHAPED, (2, 3)), (SHAPED, (3, 40)), (FIXED, (2, 3))])
+def test_shaped_parameters_equal_the_sequential_kernels(text, shape, monkeypatch):
+    """(3, 40): a learnable value per neuron of a row, the rows' tiles split into several columns."""
+    _compare(text, monkeypatch, [TILE + 9, 4], shape=shape, sizes={"C": shape[-1]}, seqs=True)
 
 
 def test_float32_is_close_to_the_sequential_kernels(monkeypatch):
