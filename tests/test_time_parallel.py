@@ -273,6 +273,13 @@ def test_inference_equals_the_sequential_kernels(monkeypatch):
     _compare(LI, monkeypatch, [3 * TILE + 1], grad=False, carry=False)  # from the constant initial state
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_direct_call_equals_the_sequential_kernels(grad, monkeypatch):
+    """One input, no runtime parameters, from reset states: the module's shortcut (triton_runtime.direct_call)."""
+    plain = LI.replace("{value: 2.0, learnable: true}", "2.0")
+    _compare(plain, monkeypatch, [2 * TILE + 5, 7], grad=grad, carry=False)
+
+
 def test_continuous_time_specs_equal_the_sequential_kernels(monkeypatch):
     assert verdict(compile_spec(text=CUBA_CT).ir) == TIME_PARALLEL
     _compare(CUBA_CT, monkeypatch, [TILE * 2 + 1, TILE - 2], shape=(4,))
