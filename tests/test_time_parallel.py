@@ -242,12 +242,6 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     assert plan.tiled and plan.tiled_variant == scan_variant("backward") and plan.tiled_meta["_TC"] == TILE
 
 
-def test_a_bad_time_parallel_setting_says_what_to_set(monkeypatch):
-    monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "yes")
-    with pytest.raises(ValueError, match=r"FLEXSN_DSL_TIME_PARALLEL='yes' is not 0 or 1"):
-        triton_runtime.launch_settings()
-
-
 @pytest.mark.parametrize("steps", [[1], [TILE - 3], [TILE], [2 * TILE + 5], [TILE + 1, 3]])
 def test_li_equals_the_sequential_kernels(steps, monkeypatch):
     _compare(LI, monkeypatch, steps, seqs=True)
