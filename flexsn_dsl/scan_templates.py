@@ -21,20 +21,14 @@ from typing import NamedTuple
 
 from .codegen_triton import Cores
 from .literals import identifier
-from .names import kernel_name
+from .names import VARIANTS, kernel_name, scan_variant
 from .parallel import Affine
 from .printer import TRITON, Printer
 from .templates import (BLOCK_SIZES, I1, I2, TILE_SIZES, _backward_names, _head, _if, _initial_states, _param_args,
                         _params_load, _shaped_grads, _tile_head)
 
 I3 = I2 + I1
-SCAN_VARIANTS = ("inference", "inference_final_state", "forward", "forward_final_state", "backward")
 TILE = ", _TC: tl.constexpr"
-
-
-def scan_variant(variant: str) -> str:
-    """The time-parallel kernel standing in for sequential ``variant``."""
-    return f"scan_{variant}"
 
 
 def _compose_source(name: str, pattern: tuple[tuple[int, int], ...], k: int, what: str) -> str:
@@ -243,7 +237,7 @@ def scan_source(cores: Cores, affine: Affine) -> str:
              _compose_source("_compose_adjoint", _transposed(affine.pattern), k,
                              "Combine of the backward (adjoint) scan")]
     printer = Printer(TRITON)
-    parts += [_forward_kernel(cores, affine, v, printer) for v in SCAN_VARIANTS if v != "backward"]
+    parts += [_forward_kernel(cores, affine, v, printer) for v in VARIANTS if v != "backward"]
     parts.append(_backward_kernel(cores, affine))
     helpers = _missing_helpers(printer, cores.source)
     return (helpers.rstrip("\n") + "\n\n\n" if helpers else "") + "\n\n".join(parts)

@@ -20,8 +20,7 @@ import triton  # noqa: E402
 from torch.library import wrap_triton  # noqa: E402
 
 from .compiler import Compiled
-from .names import VARIANTS, kernel_name
-from .scan_templates import scan_variant
+from .names import VARIANTS, kernel_name, scan_variant
 
 CPU_BLOCK = 1024
 SCAN_TC = 16  # the steps of a time-parallel kernel's tile in the interpreter

@@ -14,9 +14,8 @@ import flexsn_dsl
 from flexsn_dsl import triton_runtime
 from flexsn_dsl.cli import main
 from flexsn_dsl.compiler import compile_spec
-from flexsn_dsl.names import kernel_name
+from flexsn_dsl.names import kernel_name, scan_variant
 from flexsn_dsl.parallel import TIME_PARALLEL, Affine, analyse, verdict
-from flexsn_dsl.scan_templates import scan_variant
 
 ROOT = Path(__file__).resolve().parents[1]
 TILE = triton_runtime.SCAN_TC
