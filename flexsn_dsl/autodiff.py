@@ -232,7 +232,7 @@ def _choose_saved(ir: StepIR, lines, results):
     forward = dict(ir.assignments)
     order = [s for s, _ in ir.assignments]
     leaves = set(ir.inputs) | set(ir.states)
-    params = set(ir.params) | set(ir.fixed)  # runtime values: available, never saved
+    params = set(ir.params) | set(ir.fixed) | set(ir.draws)  # runtime values and draws: available, never saved
     needed = set().union(*(e.free_symbols for _, e in lines), *(r.free_symbols for r in results))
     needed &= leaves | set(forward)
 

@@ -241,17 +241,22 @@ def cmd_simulate(args) -> int:
     from .runtime import load
     at_least("--steps", args.steps, 1)
     at_least("--neurons", args.neurons, 1)
+    at_least("--seed", args.seed, 0)
     arrays = [item.partition("=")[2] or item for item in args.input if item.endswith(".npy")]
     refuse_overwriting_inputs({"--csv": args.csv, "--plot": args.plot}, [args.spec, *arrays, *args.plugin])
     module = load(args.spec, params=parse_params(args.param), sizes=parse_sizes(args.size), backend="torch",
                   plugins=args.plugin, passes=args.passes)
     names = module.spec.inputs
+    seed = args.seed
+    if seed is None and module._compiled.model.draws:
+        seed = int.from_bytes(os.urandom(4), "little")
+        print(f"{module.spec.name} draws random numbers: seed {seed} (repeat the run with --seed {seed})")
     try:
         if args.fi:
             if args.input:
                 raise ValueError("--fi sweeps constant inputs itself: leave out --input")
             steps = args.steps or sim_module.DEFAULT_STEPS
-            levels, rates = sim_module.fi_curve(module, sim_module.parse_sweep(args.fi), steps=steps)
+            levels, rates = sim_module.fi_curve(module, sim_module.parse_sweep(args.fi), steps=steps, seed=seed)
             print(f"{module.spec.name}: f-I curve over {steps} steps from reset states (input {names[0]})")
             print(table([[f"{c:g}", f"{r:.4f}"] for c, r in zip(levels.tolist(), rates.tolist())],
                          [names[0], "rate (spikes/step)"]))
@@ -263,7 +268,7 @@ def cmd_simulate(args) -> int:
                 sim_module.plot_fi(module.spec.name, levels, rates, args.plot, names[0], steps)
         else:
             drives = dict(_drive(item, names) for item in args.input) or {names[0]: 1.0}
-            sim = sim_module.simulate(module, drives, steps=args.steps, neurons=args.neurons)
+            sim = sim_module.simulate(module, drives, steps=args.steps, neurons=args.neurons, seed=seed)
             _print_simulation(sim, drives)
             if args.csv:
                 sim.to_csv(args.csv)
@@ -469,6 +474,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw the inputs, each state's trace and the spike raster "
                    "(with --fi: the f-I curve); needs matplotlib")
     p.add_argument("--csv", metavar="FILE", help="write the traces (with --fi: input and rate) as CSV")
+    p.add_argument("--seed", type=int, metavar="N", help="seed the random draws (rand(), randn(), xi) of a noisy "
+                   "spec; default: a fresh seed, printed so that the run can be repeated")
     add_spec_options(p, passes="enable a code-generation pass (repeatable)")
     p = command("plugins", cmd_plugins, "list plugins, surrogates and code-generation passes, with where each "
                 "came from (exit 1 if a plugin is broken)")

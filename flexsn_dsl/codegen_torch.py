@@ -33,8 +33,9 @@ def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
     inputs, states, params = ([identifier(n) for n in names] for names in (ir.input_names, ir.state_names,
                                                                           ir.param_names + ir.fixed_names))
     output_names = [identifier(n) for n in ir.output_names]
+    draws = [identifier(d.name) for d in ir.used_draws]  # this step's draws, given by the caller
     args = ", ".join(inputs + states)
-    kwargs = (", *, " + ", ".join(params)) if params else ""
+    kwargs = (", *, " + ", ".join(params + draws)) if params or draws else ""
     body = [f"{identifier(sym.name)} = {p(expr)}" for sym, expr in ir.assignments]
     outs = "".join(f"{p(s)}, " for s in ir.outputs)
     nexts = "".join(f"{p(s)}, " for s in ir.next_states)
@@ -46,6 +47,7 @@ def torch_source(model: NeuronModel, ir: StepIR, header: str) -> str:
     inits = "".join(f"{p(init)}, " for init in ir.initial_states)
     init_kwargs = ("*, " + ", ".join(params)) if params else ""
     fed_doc = f", (values fed back to {inputs[len(inputs) - len(ir.recurrent):]})" if ir.recurrent else ""
+    draw_doc = f" Draws {draws}: this step's random numbers, one per element." if draws else ""
     return f'''{header}
 import torch
 
@@ -68,7 +70,7 @@ _spike = Spike.apply
 
 
 def step({args}{kwargs}):
-    """One time step: returns (outputs {output_names}), (next states {states}){fed_doc}."""
+    """One time step: returns (outputs {output_names}), (next states {states}){fed_doc}.{draw_doc}"""
 {_indent(body)}
 
 

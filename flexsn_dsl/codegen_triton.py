@@ -14,6 +14,16 @@ from .autodiff import Backward, differentiate, name_spike_arguments, share_recip
 from .ir import StepIR
 from .literals import identifier, number
 from .names import CORES, core_name
+
+MAX_DRAWS = 1 << 16  # draws in one spec (far more than its terms allow)
+
+
+def draw_parts(name: str) -> tuple[str, int]:
+    """(kind, occurrence) of a draw's name (``rand__0``, ``randn__3``); a ValueError for any other name."""
+    kind, _, number = name.partition("__")
+    if kind not in ("rand", "randn") or not number.isdigit() or len(number) > 6:
+        raise ValueError(f"{name!r} is not the name of a draw")
+    return kind, int(number)
 from .printer import TRITON, Printer
 
 
@@ -35,6 +45,9 @@ class FlexSNInfo:
     gives them no gradient from the kernels (None), as the torch backend does.
     ``recurrent`` lists each recurrent input (one of ``input_names``) with where the value fed
     back comes from: ``(name, "output", i)``, ``(name, "state", i)`` or ``(name, "other", -1)``.
+    ``draws`` names the draws the step uses (``rand__k``, ``randn__k``: the k-th of the spec's
+    ``draw_count``), the forward core's last arguments; the backward core takes those it needs
+    (the last of ``bwd_core_args``). The kernels generate them from the call's seed.
     """
 
     neuron: str
@@ -56,6 +69,8 @@ class FlexSNInfo:
     fixed_names: tuple[str, ...] = ()    # non-learnable runtime parameters (shaped), core arguments after param_names
     shaped_names: tuple[str, ...] = ()   # the runtime parameters with a shape, each read per element from its tensor
     recurrent: tuple[tuple[str, str, int], ...] = ()
+    draws: tuple[str, ...] = ()
+    draw_count: int = 0
 
     @property
     def num_inputs(self) -> int:
@@ -90,7 +105,7 @@ class FlexSNInfo:
         for names in (self.input_names, self.state_names, self.output_names, self.param_names, self.constants,
                       self.fwd_core_returns, self.fwd_core_recipients, self.fwd_kernel_returns, self.saved_names,
                       self.bwd_core_args, self.bwd_core_returns, self.output_vars, self.zero_grads,
-                      self.fixed_names, self.shaped_names):
+                      self.fixed_names, self.shaped_names, self.draws):
             for name in names:
                 identifier(name)
         for kind, index in self.c2k_return_mapping:
@@ -102,6 +117,9 @@ class FlexSNInfo:
                 raise ValueError(f"bad recurrent entry {(name, kind, index)!r}")
         for v in (*self.constants.values(), *self.initial_values):
             number(v)
+        if isinstance(self.draw_count, bool) or not isinstance(self.draw_count, int) or \
+                not 0 <= self.draw_count <= MAX_DRAWS or any(draw_parts(d)[1] >= self.draw_count for d in self.draws):
+            raise ValueError(f"bad draws {self.draws!r} of {self.draw_count!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,7 +191,8 @@ def build_cores(ir: StepIR) -> Cores:
     recipients += states + [f"{s.name}__saved_t" for s in extras]
     core_returns = [p(s) for s in ir.outputs] + [p(s) for s in ir.next_states] + [p(s) for s in extras]
 
-    fwd_args = ", ".join(inputs + states + params)
+    draws = [identifier(d.name) for d in ir.used_draws]
+    fwd_args = ", ".join(inputs + states + params + draws)
     first_tensor = (inputs + states)[0]
     output_names = tuple(identifier(n) for n in ir.output_names)
     fwd = [f"@triton.jit", f"def {forward_name}({fwd_args}):",
@@ -183,7 +202,10 @@ def build_cores(ir: StepIR) -> Cores:
     fwd.append("    return " + ", ".join(_tensor(p, folded.get(s, s), first_tensor)
                                        for s in list(ir.outputs) + list(ir.next_states) + extras))
 
-    bwd_args = [s.name for s in backward.saved] + [s.name for s in backward.seeds] + params
+    read = set().union(*(e.free_symbols for _, e in backward.recompute + backward.adjoints),
+                       *(r.free_symbols for r in backward.results))
+    bwd_args = [s.name for s in backward.saved] + [s.name for s in backward.seeds] + params + \
+        [d.name for d in ir.used_draws if d in read]
     bwd_returns = [f"grad__{n}" for n in inputs + states + learnable]
     seed_ref = backward.seeds[0].name
     bwd = [f"@triton.jit", f"def {backward_name}({', '.join(identifier(a) for a in bwd_args)}):",
@@ -219,6 +241,8 @@ def build_cores(ir: StepIR) -> Cores:
         shaped_names=ir.shaped,
         recurrent=tuple(_recurrent_entry(ir, inputs[len(inputs) - len(ir.recurrent) + k], sym)
                         for k, sym in enumerate(ir.recurrent)),
+        draws=tuple(draws),
+        draw_count=len(ir.draws),
     )
     source = p.helper_source() + "\n".join(fwd) + "\n\n\n" + "\n".join(bwd) + "\n"
     return Cores(forward_name, backward_name, source, info)

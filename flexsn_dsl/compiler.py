@@ -392,7 +392,7 @@ def _ir_problem(ir: StepIR, before: StepIR) -> str:
     if not ir.outputs or len(ir.outputs) != len(ir.output_names) or len(ir.next_states) != len(ir.states):
         return f"{len(ir.outputs)} outputs for {len(ir.output_names)} output names and {len(ir.next_states)} " \
                f"next states for {len(ir.states)} states"
-    defined = set(ir.inputs) | set(ir.states) | set(ir.params) | set(ir.fixed)
+    defined = set(ir.inputs) | set(ir.states) | set(ir.params) | set(ir.fixed) | set(ir.draws)
     printer = Printer(TORCH)
     for sym, expr in ir.assignments:
         if not isinstance(sym, sympy.Symbol):
@@ -404,8 +404,8 @@ def _ir_problem(ir: StepIR, before: StepIR) -> str:
             return f"line {sym.name!r} is {type(expr).__name__} {expr}, not an expression"
         unknown = sorted(s.name for s in expr.free_symbols - defined)
         if unknown:
-            return f"line {sym.name!r} uses {unknown}, which are not inputs, states, runtime parameters " \
-                   "or assigned before it"
+            return f"line {sym.name!r} uses {unknown}, which are not inputs, states, runtime parameters, " \
+                   "draws or assigned before it"
         try:
             printer(expr)
         except (ValueError, TypeError, KeyError, NotImplementedError) as exc:

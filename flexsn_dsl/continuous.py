@@ -7,7 +7,8 @@ length dt, in the order of the language (v2, section 1):
 1. integrate every state of ``equations`` by ``method`` (inputs held over the step; constant
    scalar parameters folded to numbers, learnable or shaped ones kept as symbols, so an exact
    propagator such as e^{-dt/tau} has one value per element of a shaped tau and a gradient
-   for a learnable one); a refractory neuron keeps
+   for a learnable one); white noise (``xi``: equations ``f + g xi``, g free of the states) by
+   Euler-Maruyama, ``x + dt f + sqrt(dt) g n`` with ``n`` the noise's ``randn()`` draw; a refractory neuron keeps
    the held states instead: ``v__int = where(refractory > 0.5, v, <integrated>)``;
 2. ``s = spike(u)`` of the threshold on the integrated states (0 while refractory);
 3. each reset line ``x: e`` as ``x__next = s * e + (1 - s) * x__int`` on the integrated values;
@@ -27,7 +28,7 @@ import sympy
 
 from .errors import SpecError
 from .integrators import METHODS
-from .model import REFRACTORY_STATE, SPIKE_OUTPUT, Assignment, NeuronModel, refractory_steps
+from .model import MAX_REFRACTORY_STEPS, REFRACTORY_STATE, SPIKE_OUTPUT, Assignment, NeuronModel, refractory_steps
 from .propagators import PropagatorError, exact_step
 from .symbolic import Detach, Spike, real_symbol
 
@@ -51,6 +52,9 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
     constants = {real_symbol(n): sympy.Float(values[n]) for n in model.parameters if n not in runtime}
     dt = sympy.Float(values["dt"])
     f = {real_symbol(n): sympy.sympify(eq.expr).xreplace(constants) for n, eq in c.equations.items()}
+    silent = {xi: 0 for xi in c.noise}
+    noise = {x: sum((sympy.diff(fx, xi) * n for xi, n in c.noise.items()), sympy.S.Zero) for x, fx in f.items()}
+    f = {x: fx.xreplace(silent) for x, fx in f.items()}  # the equations without their noise terms
     where = {real_symbol(n): eq.pos for n, eq in c.equations.items()}
     steps: list[Assignment] = []
 
@@ -67,6 +71,7 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
         lines, integrated = METHODS[c.method](f, dt)
         for symbol, expr in lines:
             emit(symbol, expr, where[real_symbol(symbol.name.split("__")[0])])
+    integrated = {x: e + sympy.sqrt(dt) * noise[x] for x, e in integrated.items()}  # (euler: the model checked)
 
     refractory = real_symbol(REFRACTORY_STATE) if c.refractory else None
     if c.condition is not None:  # refractory only while it was and the condition still holds (at the step's start)
@@ -97,10 +102,15 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
         emit(real_symbol(f"{REFRACTORY_STATE}__next"), sympy.Piecewise((1, Detach(s) > REFRACTORY_TEST),
                                                                         (refractory, True)), c.condition_pos)
     elif refractory is not None:
-        period = float(sympy.sympify(c.period).xreplace(constants))
-        n, warning = refractory_steps(period, float(dt), c.period_pos)
-        if warning is not None and warning.message not in {w.message for w in model.warnings}:
-            warnings.warn(warning, stacklevel=2)  # with params= values; the spec's own are warned at load
+        period = sympy.sympify(c.period).xreplace(constants)
+        if period.is_number:
+            n, warning = refractory_steps(float(period), float(dt), c.period_pos)
+            if warning is not None and warning.message not in {w.message for w in model.warnings}:
+                warnings.warn(warning, stacklevel=2)  # with params= values; the spec's own are warned at load
+            left = max(n - 1, 0)
+        else:  # a random period (draws): round(period / dt) steps, drawn at each step, used where it spikes
+            n = sympy.floor(period / dt + sympy.Rational(1, 2))
+            left = sympy.Piecewise((0, n < 1), (MAX_REFRACTORY_STEPS - 1, n > MAX_REFRACTORY_STEPS), (n - 1, True))
         emit(real_symbol(f"{REFRACTORY_STATE}__next"),
-             sympy.Piecewise((refractory - 1, resting), (max(n - 1, 0) * Detach(s), True)), c.period_pos)
+             sympy.Piecewise((refractory - 1, resting), (left * Detach(s), True)), c.period_pos)
     return steps

@@ -19,7 +19,7 @@ from sympy.codegen.cfunctions import expm1, log1p
 from sympy.logic.boolalg import ITE
 
 from .errors import SourcePos, SpecError
-from .symbolic import Detach, Sigmoid, Spike
+from .symbolic import DRAW_KINDS, Detach, Sigmoid, Spike, draw_symbol, is_white_noise_name, white_noise_symbol
 
 MAX_EXPR_CHARS = 4000
 MAX_EXPR_NODES = 2000
@@ -128,11 +128,14 @@ DSL_FUNCTIONS: dict[str, Function] = {
     "where": Function(3, lambda c, a, b: _piecewise((a, c), (b, True)), condition_arg=True),
     "spike": Function(1, lambda a: _heaviside(a) if a.is_number else Spike(a)),
     "detach": Function(1, lambda a: a if a.is_number else Detach(a)),
+    # draws: a fresh number per occurrence, element, step and call (the parser numbers the occurrences)
+    "rand": Function(0, draw_symbol),
+    "randn": Function(0, draw_symbol),
 }
 
 # Extra names accepted in surrogate gradient formulas (sympy spellings).
 SURROGATE_FUNCTIONS: dict[str, Function] = {
-    **{k: v for k, v in DSL_FUNCTIONS.items() if k not in ("spike", "detach")},
+    **{k: v for k, v in DSL_FUNCTIONS.items() if k not in ("spike", "detach", *DRAW_KINDS)},
     "Abs": Function(1, sympy.Abs),
     "Max": Function(2, sympy.Max),
     "Min": Function(2, sympy.Min),
@@ -218,15 +221,21 @@ class ExpressionParser:
     assigned, for a precise message; ``current`` is the name being defined (a use
     of it is a self-reference); ``forbidden`` maps names that exist but may not be
     used here to why (e.g. states in an initial value); ``budget`` is a one-item list
-    of the condition terms left (see ``_unfold``), shared to bound a whole spec. After
-    :meth:`parse`, ``nodes`` is the size of the expression's syntax tree.
+    of the condition terms left (see ``_unfold``), shared to bound a whole spec. ``draws`` is the
+    spec's list of draws so far (``rand()``, ``randn()``): each call appends its symbol, numbered by
+    its place in the list; None where draws are not allowed. ``noise``: white noise (``xi``,
+    ``xi_<suffix>``) may be used (equations). After :meth:`parse`, ``nodes`` is the size of the
+    expression's syntax tree.
     """
 
     def __init__(self, env: Mapping[str, sympy.Expr], functions: Mapping[str, Function] = DSL_FUNCTIONS,
                  later: Mapping[str, SourcePos] | None = None, what: str = "expression",
                  current: str | None = None, forbidden: Mapping[str, tuple[str, str]] | None = None,
-                 budget: list[int] | None = None):
+                 budget: list[int] | None = None, draws: list[sympy.Symbol] | None = None,
+                 noise: bool = False):
         self.env = env
+        self.draws = draws
+        self.noise = noise
         self.functions = functions
         self.later = later or {}
         self.what = what
@@ -413,6 +422,13 @@ class ExpressionParser:
             return self.env[name]
         if name == "pi":
             return sympy.pi
+        if is_white_noise_name(name) and name not in self.forbidden:
+            if self.noise:
+                return white_noise_symbol(name)
+            raise self._fail(node, f"{name!r} is white noise, which only `equations` right-hand sides may use "
+                                   f"(not {self.what})",
+                             "draw a standard normal number per step with randn() instead, e.g. "
+                             "v: v + sigma * sqrt(dt) * randn()")
         if name in self.forbidden:
             message, hint = self.forbidden[name]
             raise self._fail(node, message, hint)
@@ -441,6 +457,8 @@ class ExpressionParser:
         starred = next((a for a in node.args if isinstance(a, ast.Starred)), None)
         if starred is not None:
             raise self._fail(starred, "`*` unpacking is not part of the language", "pass the arguments one by one")
+        if name in DRAW_KINDS:
+            return self._draw(node, name)
         if len(node.args) != function.arity:
             raise self._fail(node, f"{name}() takes {function.arity} argument{'s' if function.arity != 1 else ''}, "
                                    f"got {len(node.args)}", f"write {name}({', '.join('abc'[:function.arity])})")
@@ -458,6 +476,19 @@ class ExpressionParser:
         except (TypeError, ValueError, ArithmeticError) as exc:  # e.g. "Invalid comparison of non-real I"
             raise self._sympy_error(node, exc) from None
         return self._finite(node, value, f"{name}(...)")
+
+    def _draw(self, node: ast.Call, kind: str) -> sympy.Symbol:
+        """A new draw: its symbol, numbered by its occurrence in the spec."""
+        if node.args:
+            scaled = "a + (b - a) * rand()" if kind == "rand" else "mu + sigma * randn()"
+            raise self._fail(node.args[0], f"{kind}() takes no arguments, got {len(node.args)}",
+                             f"write {kind}(); for another range or scale, e.g. {scaled}")
+        if self.draws is None:
+            raise self._fail(node, f"{self.what} may not use {kind}(): it is computed once, not per step",
+                             "use numbers and parameters here; draw in `step`, `equations`, `threshold` or `reset`")
+        symbol = draw_symbol(kind, len(self.draws))
+        self.draws.append(symbol)
+        return symbol
 
     def _condition(self, node: ast.AST):
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):

@@ -40,6 +40,9 @@ class StepIR:
     shaped: tuple[str, ...] = ()              # the runtime parameters with a shape (read per element)
     # one symbol per recurrent input (the last len(recurrent) of ``inputs``): the value fed back
     recurrent: tuple[sympy.Symbol, ...] = ()
+    # every draw of the spec by occurrence (rand__k, randn__k): a fresh number per element and step,
+    # a constant to the backward, generated (never stored) by the backends
+    draws: tuple[sympy.Symbol, ...] = ()
 
     def replace_exprs(self, rewrite: Callable[[sympy.Expr], sympy.Expr]) -> "StepIR":
         """A copy with ``rewrite`` applied to every assigned expression (for IR passes)."""
@@ -60,6 +63,12 @@ class StepIR:
     @property
     def fixed_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.fixed)
+
+    @property
+    def used_draws(self) -> tuple[sympy.Symbol, ...]:
+        """The draws the assignments use (a pass may have dropped some), by occurrence."""
+        used = set().union(*(e.free_symbols for _, e in self.assignments))
+        return tuple(d for d in self.draws if d in used)
 
 
 def check_param_names(model: NeuronModel, names) -> None:
@@ -147,6 +156,7 @@ def build_ir(model: NeuronModel, values: dict[str, float]) -> StepIR:
         fixed=tuple(real_symbol(n) for n in model.runtime_params if not model.parameters[n].learnable),
         shaped=tuple(model.shaped),
         recurrent=tuple(r.symbol for r in model.recurrent.values()),
+        draws=model.draws,
     )
 
 

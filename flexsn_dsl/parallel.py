@@ -129,6 +129,8 @@ def analyse(ir: StepIR) -> Affine | str:
     """The step's affine form, or why it runs sequentially (``"sequential: s feeds back into v"``)."""
     if not ir.states:
         return "sequential: no states"
+    if ir.draws:
+        return f"sequential: it draws random numbers ({', '.join(sorted({d.name.split('__')[0] + '()' for d in ir.draws}))})"
     if ir.recurrent:
         fed = ", ".join(s.name for s in ir.recurrent)
         return f"sequential: {fed} feeds back through a recurrent input"

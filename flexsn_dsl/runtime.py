@@ -15,6 +15,7 @@ from .compiler import Compiled, compile_spec
 from .errors import MissingDependency, ShapeError, SpecError
 from .ir import check_param_names, resolve_shapes
 from .source import spec_text
+from .symbolic import draw_of
 
 BACKENDS = ("auto", "torch", "triton")
 STEP_MODES = ("s", "m")
@@ -426,13 +427,15 @@ class FlexSN(nn.Module):
         states = [s.to(compute) if isinstance(s, torch.Tensor) else s for s in states]
         fed = [f.to(compute) for f in fed]
         per_step_outputs, per_step_states = [], []
+        draws = [(d.name, torch.rand if draw_of(d)[0] == "rand" else torch.randn) for d in self._compiled.ir.used_draws]
         for t in range(inputs[0].shape[0]):
             xs = [x[t].to(compute) for x in inputs]
+            drawn = {name: draw(xs[0].shape, dtype=compute, device=xs[0].device) for name, draw in draws}
             if weights:  # r_t[..., i] = sum_j W[i, j] * source_{t-1}[..., j]
-                outs, states, fed = step(*xs, *(f @ w.T for f, w in zip(fed, weights)), *states, **params)
+                outs, states, fed = step(*xs, *(f @ w.T for f, w in zip(fed, weights)), *states, **params, **drawn)
                 fed = [_like(f, xs[0]) for f in fed]
             else:
-                outs, states = step(*xs, *states, **params)
+                outs, states = step(*xs, *states, **params, **drawn)
             states = [_like(s, xs[0]) for s in states]
             per_step_outputs.append([_like(o, xs[0]) for o in outs])
             if self.store_state_seqs:

@@ -132,7 +132,7 @@ def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtyp
 def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive] = 1.0, steps: int | None = None,
              params: Mapping[str, float] | None = None, neurons: int | None = None, *,
              dtype: torch.dtype = torch.float64, plugins: Iterable[str] = (), passes: Iterable[str] = (),
-             sizes: Mapping[str, int] | None = None) -> Simulation:
+             sizes: Mapping[str, int] | None = None, seed: int | None = None) -> Simulation:
     """Run a neuron on a driving input and return its traces.
 
     ``spec`` is a spec file (run on the torch backend in ``dtype``) or a loaded :class:`FlexSN`
@@ -144,7 +144,11 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     shape of a step (``tau`` of shape ``[N]``, a recurrent ``[N, N]`` weight, ``w`` of shape
     ``[C, 1, 1]``) simulates that many neurons, one per element, and its traces are ``[T, N]`` too.
     It runs, and its traces are, on the CPU for a spec file and on the module's device for a module.
+    ``seed`` seeds the draws of a spec with ``rand()``, ``randn()`` or ``xi`` (torch's generator of that
+    device, restored afterwards); None draws from that generator as it stands.
     """
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
+        raise ValueError(f"seed={seed!r}: give a whole number from 0 to 2**63 - 1")
     for what, value in (("steps", steps), ("neurons", neurons)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{what}={value!r}: give a whole number of at least 1")
@@ -179,7 +183,10 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     module.step_mode, module.store_state_seqs = "m", True
     try:
         module.reset()
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng([device] if device.type == "cuda" else [],
+                                                    enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
             result = module(*(xs[name].reshape(shape[0], *(layout or shape[1:])) for name in names))
         states = {k: v.detach().reshape(shape) for k, v in module.state_seqs.items()}
         module.reset()

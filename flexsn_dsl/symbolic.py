@@ -125,6 +125,31 @@ def real_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, real=True)
 
 
+DRAW_KINDS = ("rand", "randn")  # a uniform draw in [0, 1), a standard normal one
+
+
+def draw_symbol(kind: str, occurrence: int) -> sympy.Symbol:
+    """The value of the ``occurrence``-th draw of a spec (counted over the whole spec from 0):
+    ``rand__3``, ``randn__0``; a fresh number per element, step and call."""
+    return real_symbol(f"{kind}__{occurrence}")
+
+
+def draw_of(symbol: sympy.Symbol) -> tuple[str, int] | None:
+    """(kind, occurrence) of a draw's symbol, None for any other symbol."""
+    kind, sep, number = symbol.name.partition("__")
+    return (kind, int(number)) if sep and kind in DRAW_KINDS and number.isdigit() else None
+
+
+def is_white_noise_name(name: str) -> bool:
+    """Whether ``name`` is a white-noise process of `equations`: ``xi`` or ``xi_<suffix>``."""
+    return name == "xi" or (name.startswith("xi_") and len(name) > 3)
+
+
+def white_noise_symbol(name: str) -> sympy.Symbol:
+    """The symbol of the white-noise process ``name`` (xi, xi_a) in an equation."""
+    return real_symbol(f"{name}__white")
+
+
 def substitute_surrogate(expr: sympy.Expr, gradient: sympy.Expr, x: sympy.Symbol) -> sympy.Expr:
     """Replace every SurrogateGrad(u) in ``expr`` by ``gradient`` with x := u."""
     mapping = {call: gradient.xreplace({x: call.args[0]}) for call in expr.atoms(SurrogateGrad)}

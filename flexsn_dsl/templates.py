@@ -21,6 +21,11 @@ reading ``<state>__init`` (a fresh or reset module); ``_HAS_FINAL_GRADS`` and
 says whether the initial states need gradients. The recurrent kernels' ``_PRECISION`` is the
 ``input_precision`` of their ``tl.dot`` (``"tf32x3"``, ``"ieee"`` or ``"tf32"``, from the runtime).
 
+Draws (``rand()``, ``randn()``): a spec with draws takes ``_seed``, an int64 pair (the call's seed, the
+index of its first step); a draw is ``tl.rand``/``tl.randn`` (Philox) of that seed at the counter
+``(step · K + k) · numel + element`` (K: the spec's draws, k: this one's occurrence; int64), so every
+element, step, occurrence and call gets its own number, and the backward regenerates the forward's.
+
 Names come from a :class:`FlexSNInfo`, whose fields are checked identifiers and
 finite numbers (:mod:`flexsn_dsl.literals`); INFO is printed with ``literals.value``.
 
@@ -45,7 +50,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen_triton import Cores, FlexSNInfo
+from .codegen_triton import Cores, FlexSNInfo, draw_parts
 from .literals import identifier, value
 from .names import RECURRENT_VARIANTS, VARIANTS, kernel_name
 from .printer import float_literal
@@ -93,6 +98,27 @@ def _shaped_grads(info: FlexSNInfo) -> list[str]:
                   f"{I1}{n}__end = (_cols < _P) & ((((_cols + 1) % {n}__inner) == 0) | (_cols == _cols_last))",
                   f"{I1}tl.store({n}__grad + (tl.program_id(1) * (_P // {n}__inner) + {n}__segment) * {n}__split + "
                   f"tl.program_id(0) - ({n}__segment * {n}__inner) // _COLS, {n}__total, mask={n}__end)"]
+    return lines
+
+
+def _seed_args(info: FlexSNInfo) -> tuple[list[str], str]:
+    return ["_seed"] if info.draws else [], "random seed and first step, int64 [2]"
+
+
+def _seed_load(info: FlexSNInfo) -> list[str]:
+    if not info.draws:
+        return []
+    return [f"{I1}_seed_value = tl.load(_seed)", f"{I1}_step0 = tl.load(_seed + 1)"]
+
+
+def _draws(info: FlexSNInfo, names, step: str, numel: str) -> list[str]:
+    """This step's draws among ``names`` (``step``: its index after ``_step0``; ``numel``: elements a step)."""
+    lines = []
+    for name in names:
+        if name in info.draws:
+            kind, k = draw_parts(name)
+            lines.append(f"{I2}{name} = tl.{kind}(_seed_value, ((_step0 + {step}) * {info.draw_count} + {k}) * "
+                         f"{numel} + _offs).to(_DTYPE)")
     return lines
 
 
@@ -164,18 +190,21 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     recipients = list(info.fwd_core_recipients)
     if not training:  # the saved values are computed but not stored
         recipients = recipients[:info.num_outputs + info.num_states] + ["_"] * len(info.saved_names)
-    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names)
+    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names) + \
+        list(info.draws)
     lines = _signature(info, variant, [
         (inputs + [f"{n}__init" for n in info.state_names], "inputs [T, N], initial states [N]"),
         (written + [f"{n}__final" for n in info.state_names], "written"),
         _param_args(info),
+        _seed_args(info),
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
-    lines += _head() + _params_load(info)
+    lines += _head() + _params_load(info) + _seed_load(info)
     lines += _initial_states(info, "[_BLOCK]")
     lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
     lines += [f"{I1}for _t in tl.range(0, _T, num_stages=_STAGES):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in info.input_names]
+    lines += _draws(info, info.draws, "_t", "_N")
     lines += [f"{I2}{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}{_store(f'{n}__out_ptr', v)}" for n, v in zip(info.output_names, info.output_vars)]
@@ -205,7 +234,8 @@ def _backward_names(info: FlexSNInfo) -> _BackwardNames:
     names = {"saved": info.saved_names, "input": info.input_names, "output": info.output_names}
     read = [f"{names[kind][i]}{suffix[kind]}" for kind, i in info.c2k_return_mapping]
     call_args = [f"{r}_t" for r in read] + [f"{n}__grad_out_t" for n in info.output_names] + \
-                [f"{n}__grad_next" for n in info.state_names] + list(info.param_names) + list(info.fixed_names)
+                [f"{n}__grad_next" for n in info.state_names] + list(info.param_names) + list(info.fixed_names) + \
+                [d for d in info.bwd_core_args if d in info.draws]
     results = [f"{n}__grad_in_t" for n in info.input_names] + [f"{n}__grad_acc" for n in info.state_names] + \
               [f"{n}__grad_t" for n in info.param_names]
     return _BackwardNames(kept, sorted(set(read), key=kept.index), [f"{n}__grad_out" for n in info.output_names],
@@ -232,10 +262,11 @@ def _backward_kernel(cores: Cores) -> str:
         (param_args, param_comment),
         (grads, "partial parameter gradients: scalars [programs, P]; shaped [row tiles, segments, split]"
          if tiled else "partial parameter gradients [programs, P]"),
+        _seed_args(info),
     ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr",
         TILE_SIZES if tiled else BLOCK_SIZES)
     lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
-    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled)
+    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled) + _seed_load(info)
     lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names],
                  [f"{I1}{n}__grad_acc = tl.zeros({shape}, dtype=_DTYPE)" for n in info.state_names])
     lines += [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names]
@@ -249,6 +280,7 @@ def _backward_kernel(cores: Cores) -> str:
         for n in info.state_names:
             lines += [f"{I2}{I1}{n}__grad_next += {_load(f'{n}__grad_states_ptr')}",
                       f"{I2}{I1}{n}__grad_states_ptr -= _N"]
+    lines += _draws(info, call_args, "_T - 1 - _t", "_N")
     lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
     lines += [f"{I2}{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
@@ -307,16 +339,18 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     fed_output = info.output_names[info.recurrent[0][2]]
     written = [f"{n}__out" for n in info.output_names]
     kept = [f"{n}__saved" for n in info.saved_names] + [f"{r}__in"]
-    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names)
+    call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names) + \
+        list(info.draws)
     lines = _signature(info, "recurrent_forward", [
         ([f"{n}__in" for n in inputs] + [f"{n}__init" for n in info.state_names] + [f"{r}__init", "_weight"],
          "inputs [T, B, N], initial states [B, N], the value fed back before step 0 [B, N], weight [N, N]"),
         (written + kept + [f"{n}__final" for n in info.state_names] + [f"{r}__final"],
          f"written (the saved values, and {r} if the backward reads it, when training)"),
         _param_args(info),
+        _seed_args(info),
     ], ", _TRAIN: tl.constexpr" + (", _CONST_INIT: tl.constexpr" if info.initial_values else ""), RECURRENT_SIZES)
     lines += [f'{I1}"""Recurrent forward of {info.neuron} over _T steps for _BLOCK_B rows of the batch."""']
-    lines += _recurrent_head() + _params_load(info)
+    lines += _recurrent_head() + _params_load(info) + _seed_load(info)
     lines += _initial_states(info, "[_BLOCK_B, _NP]")
     lines += [f"{I1}_prev = {_load(f'{r}__init + _offs')}"]
     walking = [f"{n}__in" for n in inputs] + written + kept
@@ -326,6 +360,7 @@ def _recurrent_forward_kernel(cores: Cores) -> str:
     lines += [f"{I1}for _t in range(0, _T):"]
     lines += [f"{I2}{n} = {_load(f'{n}__in_ptr')}" for n in inputs]
     lines += _matvec(r, "_fed_rows", "_cols[None, :] * _N + _kk[:, None]", I2)  # M[k, i] = W[i, k]
+    lines += _draws(info, info.draws, "_t", "_step")
     lines += [f"{I2}{', '.join(info.fwd_core_recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{n} = {n}.to(_DTYPE)" for n in info.state_names]
     lines += [f"{I2}_prev = {fed}"]
@@ -359,9 +394,10 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
         _param_args(info),
         ((["_params_grad"] if info.scalar_params else []) + [f"{n}__grad" for n in shaped_grads],
          "partial parameter gradients: scalars [blocks, P]; shaped [B, N] (summed over the steps)"),
+        _seed_args(info),
     ], ", _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr", RECURRENT_SIZES)
     lines += [f'{I1}"""Recurrent backward of {info.neuron}: time runs in reverse through the steps and W."""']
-    lines += _recurrent_head() + _params_load(info)
+    lines += _recurrent_head() + _params_load(info) + _seed_load(info)
     finals = [f"{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names]
     zeros = [f"{n}__grad_acc = tl.zeros([_BLOCK_B, _NP], dtype=_DTYPE)" for n in info.state_names]
     lines += _if("_HAS_FINAL_GRADS", [I1 + x for x in finals + [f"_fb = {_load(f'{r}__grad_final + _offs')}"]],
@@ -374,6 +410,7 @@ def _recurrent_backward_kernel(cores: Cores) -> str:
     lines += [f"{I2}{p}_t = {_load(f'{p}_ptr')}" for p in grad_out + read_unique]
     lines += [f"{I2}{fed_output}__grad_out_t += _fb"]
     lines += [f"{I2}{n}__grad_next = {n}__grad_acc" for n in info.state_names]
+    lines += _draws(info, call_args, "_T - 1 - _t", "_step")
     lines += [f"{I2}{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_store(f'{n}__grad_in_ptr', f'{n}__grad_in_t')}" for n in info.input_names]
     lines += [f"{I2}tl.debug_barrier()  # {r}__grad_in of this step is read back across threads"]

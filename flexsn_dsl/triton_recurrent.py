@@ -20,7 +20,8 @@ from .compiler import Compiled
 from .errors import SpecError
 from .names import kernel_name
 from .triton_runtime import (_REGISTRY, Kernels, _compute_dtype, _kernels_for, _param_args, _stack,
-                             _torch_compute_dtype, interpreting, kernel_params, launch_settings, on_device)
+                             _seed_arg, _torch_compute_dtype, interpreting, kernel_params, launch_settings, new_seed,
+                             on_device)
 
 BLOCK_B = 16      # rows of the batch per program (tl.dot needs at least 16)
 MAX_N = 512       # features one program holds
@@ -80,9 +81,10 @@ def _padded(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def _forward(kernels: Kernels, xs, inits, prev, weight, params, shaped, layout) -> list[torch.Tensor]:
+def _forward(kernels: Kernels, xs, inits, prev, weight, params, shaped, layout, seed) -> list[torch.Tensor]:
     """Outputs (shaped like the inputs), then flat [T, B, N] saved values and the recurrent input,
-    final states and the final value fed back. Empty ``inits``: the spec's constant initial states."""
+    final states and the final value fed back. Empty ``inits``: the spec's constant initial states.
+    ``seed``: :func:`~flexsn_dsl.triton_runtime.new_seed`'s for a spec with draws, else None."""
     info = kernels.info
     x = xs[0]
     T, N, shape = x.shape[0], x.shape[-1], x.shape
@@ -96,7 +98,7 @@ def _forward(kernels: Kernels, xs, inits, prev, weight, params, shaped, layout) 
     meta = _meta(x, T, B, N)  # (a bad launch setting is an error even when nothing is launched)
     if T and B and N:
         args = [*flat, *(init or [prev] * len(info.state_names)), prev, weight.contiguous(), *outs, *saved, *finals]
-        args += _param_args(_stack(params), shaped, layout)
+        args += _param_args(_stack(params), shaped, layout) + _seed_arg(seed)
         flags = {"_CONST_INIT": not init} if info.initial_values else {}
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_forward"))
         kernel[(_blocks(B),)](*args, **meta, _TRAIN=True, **flags)
@@ -127,7 +129,8 @@ def _learnable_shaped(info) -> list[int]:
     return [k for k, n in enumerate(info.shaped_names) if n in info.param_names]
 
 
-def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, shaped, layout, init_grads: bool):
+def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, shaped, layout, init_grads: bool,
+              seed):
     """Gradients of the inputs, the initial states (when ``init_grads``), the value fed back before
     the first step, the weight, the scalar parameters (a vector, empty when none) and each learnable
     shaped parameter's values."""
@@ -151,7 +154,7 @@ def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, sh
     if T and B and N:
         args = [*g_out, *g_final, *saved[:-1], *flat_in, *flat_out, weight.contiguous(), *grad_in, *grad_init]
         args += _param_args(_stack(params), shaped, layout)
-        args += ([partial] if info.scalar_params else []) + per_element
+        args += ([partial] if info.scalar_params else []) + per_element + _seed_arg(seed)
         kernel = getattr(kernels.module, kernel_name(kernels.name, "recurrent_backward"))
         kernel[(blocks,)](*args, **meta, _HAS_FINAL_GRADS=any(g is not None for g in finals),
                           _WRITE_INIT_GRADS=True)
@@ -171,15 +174,15 @@ def _backward(kernels: Kernels, grads, saved, xs, outs, prev, weight, params, sh
 @torch.library.custom_op("flexsn_dsl::recurrent_forward", mutates_args=())
 def recurrent_forward(key: str, xs: list[torch.Tensor], inits: list[torch.Tensor], prev: torch.Tensor,
                       weight: torch.Tensor, params: list[torch.Tensor], shaped: list[torch.Tensor],
-                      layout: list[int]) -> list[torch.Tensor]:
+                      layout: list[int], seed: torch.Tensor | None) -> list[torch.Tensor]:
     """See :func:`_forward`; ``params`` holds each learnable scalar parameter as a 0-dim tensor,
     ``shaped`` and ``layout`` the shaped parameters (:func:`flexsn_dsl.triton_runtime.kernel_params`)."""
     with on_device(xs[0]):
-        return _forward(_kernels_for(key, xs[0]), xs, inits, prev, weight, params, shaped, layout)
+        return _forward(_kernels_for(key, xs[0]), xs, inits, prev, weight, params, shaped, layout, seed)
 
 
 @recurrent_forward.register_fake
-def _recurrent_forward_fake(key, xs, inits, prev, weight, params, shaped, layout):
+def _recurrent_forward_fake(key, xs, inits, prev, weight, params, shaped, layout, seed):
     info = _REGISTRY[key].info
     x = xs[0]
     T, N = x.shape[0], x.shape[-1]
@@ -192,15 +195,16 @@ def _recurrent_forward_fake(key, xs, inits, prev, weight, params, shaped, layout
 @torch.library.custom_op("flexsn_dsl::recurrent_backward", mutates_args=())
 def recurrent_backward(key: str, grads: list[torch.Tensor | None], saved: list[torch.Tensor], xs: list[torch.Tensor],
                        outs: list[torch.Tensor], prev: torch.Tensor, weight: torch.Tensor, params: list[torch.Tensor],
-                       shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
+                       shaped: list[torch.Tensor], layout: list[int], init_grads: bool,
+                       seed: torch.Tensor | None) -> list[torch.Tensor]:
     """See :func:`_backward`."""
     with on_device(xs[0]):
         return _backward(_kernels_for(key, xs[0]), grads, saved, xs, outs, prev, weight, params, shaped, layout,
-                         init_grads)
+                         init_grads, seed)
 
 
 @recurrent_backward.register_fake
-def _recurrent_backward_fake(key, grads, saved, xs, outs, prev, weight, params, shaped, layout, init_grads):
+def _recurrent_backward_fake(key, grads, saved, xs, outs, prev, weight, params, shaped, layout, init_grads, seed):
     info = _REGISTRY[key].info
     x = xs[0]
     dtype = _torch_compute_dtype(x.dtype)
@@ -210,17 +214,17 @@ def _recurrent_backward_fake(key, grads, saved, xs, outs, prev, weight, params, 
 
 
 def _setup_context(ctx, inputs, output):
-    key, xs, inits, prev, weight, params, shaped, layout = inputs
+    key, xs, inits, prev, weight, params, shaped, layout, seed = inputs
     info = _REGISTRY[key].info
     n_out, n_saved = len(info.output_names), len(info.saved_names) + 1
     ctx.key, ctx.n_in, ctx.n_out, ctx.n_saved, ctx.n_inits = key, len(xs), n_out, n_saved, len(inits)
     ctx.n_params, ctx.layout = len(params), list(layout)
-    ctx.save_for_backward(*output[n_out:n_out + n_saved], *xs, *output[:n_out], prev, weight, *params, *shaped)
+    ctx.save_for_backward(seed, *output[n_out:n_out + n_saved], *xs, *output[:n_out], prev, weight, *params, *shaped)
 
 
 def _autograd(ctx, grads):
     info = _REGISTRY[ctx.key].info
-    tensors = list(ctx.saved_tensors)
+    seed, *tensors = ctx.saved_tensors
     k, n_in, n_out = ctx.n_saved, ctx.n_in, ctx.n_out
     saved, xs, outs = tensors[:k], tensors[k:k + n_in], tensors[k + n_in:k + n_in + n_out]
     prev, weight = tensors[k + n_in + n_out], tensors[k + n_in + n_out + 1]
@@ -228,14 +232,14 @@ def _autograd(ctx, grads):
     shaped = tensors[k + n_in + n_out + 2 + ctx.n_params:]
     wanted = list(grads[:n_out]) + list(grads[n_out + k:])  # outputs, final states, final value fed back
     result = recurrent_backward(ctx.key, wanted, saved, xs, outs, prev, weight, params, shaped, ctx.layout,
-                                ctx.n_inits > 0)
+                                ctx.n_inits > 0, seed)
     grad_x, grad_init = result[:n_in], result[n_in:n_in + ctx.n_inits]
     grad_prev, grad_w, grad_params = result[n_in + ctx.n_inits:n_in + ctx.n_inits + 3]
     rest = iter(result[n_in + ctx.n_inits + 3:])  # the learnable shaped parameters' gradients
     grad_shaped = [next(rest) if name in info.param_names else None for name in info.shaped_names]
     # (torch takes a list of ints for one leaf, and an empty list for a list of no tensors)
     return (None, grad_x, grad_init, grad_prev, grad_w, [grad_params[i] for i in range(len(params))], grad_shaped,
-            None if ctx.layout else [])
+            None if ctx.layout else [], None)
 
 
 torch.library.register_autograd("flexsn_dsl::recurrent_forward", _autograd, setup_context=_setup_context)
@@ -246,8 +250,9 @@ def run_recurrent(compiled: Compiled, inputs, states: list[torch.Tensor], prev: 
     """T steps of a recurrent spec with the fused kernels; returns (outputs, final states, [value fed back]).
     Empty ``states``: start from the spec's constant initial values."""
     scalars, shaped, layout = kernel_params(compiled, params, inputs[0])
+    seed = new_seed(inputs[0]) if compiled.model.draws else None
     results = recurrent_forward(compiled.module_name, list(inputs), list(states), prev, weight, scalars, shaped,
-                                layout)
+                                layout, seed)
     n_out, n_finals = len(compiled.model.outputs), len(compiled.model.states) + 1
     finals = results[len(results) - n_finals:]
     return list(results[:n_out]), list(finals[:-1]), [finals[-1]]

@@ -393,11 +393,19 @@ def _contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
-def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, store_seqs: bool, traced: bool = False):
+def new_seed(like: torch.Tensor) -> torch.Tensor:
+    """The ``_seed`` of a call of a spec with draws: int64 [seed, first step], the seed drawn from torch's
+    default generator of ``like``'s device (so ``torch.manual_seed`` makes the call reproducible)."""
+    seed = torch.randint(0, 1 << 62, (1,), device=like.device, dtype=torch.int64)
+    return torch.cat([seed, seed.new_zeros(1)])
+
+
+def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, store_seqs: bool, traced: bool = False,
+             seed: torch.Tensor | None = None):
     """Run the forward kernels; returns (outputs, saved values, state sequences, final states, the
     inputs as the kernels read them). Empty ``inits`` (for a spec whose initial states are all
     constants) starts from those constants without reading any initial-state tensor. ``traced``:
-    see :meth:`Plan.launch`."""
+    see :meth:`Plan.launch`; ``seed``: :func:`new_seed`'s, for a spec with draws."""
     n_st = plan.n_st
     const_init = not inits and n_st > 0
     if const_init and not plan.info.initial_values:
@@ -414,9 +422,13 @@ def _forward(plan: Plan, xs, inits, params, shaped, layout, training: bool, stor
             [s.clone() for s in inits]
     elif plan.n > 0:
         variant, flags = plan.forwards[training, store_seqs, const_init]
-        plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout)], flags,
-                    traced)
+        plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout),
+                              *_seed_arg(seed)], flags, traced)
     return outs, saved, seqs, finals, xs
+
+
+def _seed_arg(seed: torch.Tensor | None) -> list:
+    return [] if seed is None else [seed]
 
 
 def _param_args(params, shaped, layout) -> list:
@@ -443,7 +455,7 @@ def kept_inputs(info) -> tuple[bool, ...]:
 
 
 def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout, init_grads: bool,
-              traced: bool = False):
+              traced: bool = False, seed: torch.Tensor | None = None):
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
@@ -481,7 +493,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                 if grad:
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
-            args += [a for p in partials.values() for a in (p, p.shape[2])]
+            args += [a for p in partials.values() for a in (p, p.shape[2])] + _seed_arg(seed)
             plan.source.launch_tiled(plan.tiled_variant, tiling, args + [T, n, tiling.period], traced,
                                      plan.tiled_meta,
                                      _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
@@ -491,7 +503,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                            for k, v in enumerate(shaped)]
         else:
             partial = params.new_zeros((plan.programs, params.shape[0])) if params is not None else None
-            programs = plan.launch("backward", args + ([partial] if partial is not None else []),
+            programs = plan.launch("backward", args + ([partial] if partial is not None else []) + _seed_arg(seed),
                                    plan.backward_flags[grad_seqs is not None, grad_finals is not None, init_grads],
                                    traced)
             grad_shaped = [None] * len(shaped)
@@ -502,34 +514,37 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
 
 class _TritonSteps(torch.autograd.Function):
     """Fused multi-step forward and backward (eager). ``call``: (plan, store_seqs, number of inputs,
-    layout, number of shaped parameters, number of scalar parameters); tensor arguments: each learnable
+    layout, number of shaped parameters, number of scalar parameters); tensor arguments: the seed (a spec
+    with draws: :func:`new_seed`, kept for the backward, which regenerates the draws), each learnable
     scalar parameter (0-dim; stacked here, so that the graph has no node of its own for that), the
     shaped parameters' values (:func:`shaped_view`), the inputs, the initial states."""
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors):
         plan, store_seqs, n_inputs, layout, n_shaped, n_params = call
+        seed, tensors = (tensors[0], tensors[1:]) if plan.info.draws else (None, tensors)
         n_x = n_params + n_shaped + n_inputs
         params = _stack(list(tensors[:n_params]))
         shaped, xs, inits = tensors[n_params:n_params + n_shaped], tensors[n_params + n_shaped:n_x], tensors[n_x:]
-        outs, saved, seqs, finals, xs = _forward(plan, xs, inits, params, shaped, layout, True, store_seqs)
+        outs, saved, seqs, finals, xs = _forward(plan, xs, inits, params, shaped, layout, True, store_seqs, seed=seed)
         ctx.call, ctx.n_saved, ctx.n_inits = call, len(saved), len(inits)
-        ctx.save_for_backward(params, *shaped, *saved, *[x if keep else None for x, keep in zip(xs, plan.kept_inputs)],
-                              *outs)
+        ctx.save_for_backward(seed, params, *shaped, *saved,
+                              *[x if keep else None for x, keep in zip(xs, plan.kept_inputs)], *outs)
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*outs, *seqs, *finals)
 
     @staticmethod
     def backward(ctx, *grads):
         plan, store_seqs, n_in, layout, n_shaped, n_params = ctx.call
-        params, *tensors = ctx.saved_tensors
+        seed, params, *tensors = ctx.saved_tensors
         k = n_shaped + ctx.n_saved
         shaped, saved, xs, outs = tensors[:n_shaped], tensors[n_shaped:k], tensors[k:k + n_in], tensors[k + n_in:]
-        init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[1 + n_params + n_shaped + n_in:])
+        n_seed = 0 if seed is None else 1
+        init_grads = ctx.n_inits > 0 and any(ctx.needs_input_grad[1 + n_seed + n_params + n_shaped + n_in:])
         grad_x, grad_init, grad_params, grad_shaped = _backward(plan, store_seqs, grads, saved, xs, outs, params,
-                                                                shaped, layout, init_grads)
-        return (None, *(grad_params.unbind(0) if grad_params is not None else ()), *grad_shaped, *grad_x,
-                *(grad_init or [None] * ctx.n_inits))
+                                                                shaped, layout, init_grads, seed=seed)
+        return (None, *[None] * n_seed, *(grad_params.unbind(0) if grad_params is not None else ()), *grad_shaped,
+                *grad_x, *(grad_init or [None] * ctx.n_inits))
 
 
 # -- the same under torch.compile(fullgraph=True), as operators it treats as opaque --
@@ -540,11 +555,12 @@ class _TritonSteps(torch.autograd.Function):
 _REGISTRY: dict[str, Compiled] = {}
 _LIBRARY = torch.library.Library("flexsn_dsl", "FRAGMENT")
 _LIBRARY.define("fused_steps(str key, bool store_seqs, Tensor[] xs, Tensor[] inits, Tensor[] params, Tensor[] shaped, "
-                "SymInt[] layout) -> Tensor[]")
+                "SymInt[] layout, Tensor? seed) -> Tensor[]")
 _LIBRARY.define("fused_forward(str key, bool store_seqs, Tensor[] xs, Tensor[] inits, Tensor? params, "
-                "Tensor[] shaped, SymInt[] layout, bool training) -> Tensor[]")
+                "Tensor[] shaped, SymInt[] layout, bool training, Tensor? seed) -> Tensor[]")
 _LIBRARY.define("fused_backward(str key, bool store_seqs, Tensor?[] grads, Tensor[] saved, Tensor?[] xs, "
-                "Tensor[] outs, Tensor? params, Tensor[] shaped, SymInt[] layout, bool init_grads) -> Tensor[]")
+                "Tensor[] outs, Tensor? params, Tensor[] shaped, SymInt[] layout, bool init_grads, Tensor? seed) "
+                "-> Tensor[]")
 
 
 def _kernels_for(key: str, like: torch.Tensor) -> Kernels:
@@ -557,23 +573,26 @@ def _plan_for(key: str, like: torch.Tensor) -> Plan:
 
 def _fused_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
                    params: torch.Tensor | None, shaped: list[torch.Tensor], layout: list[int],
-                   training: bool) -> list[torch.Tensor]:
+                   training: bool, seed: torch.Tensor | None) -> list[torch.Tensor]:
     """Outputs, saved values (when ``training``), state sequences (if stored), final states. ``inits``
     is empty when the states start from the spec's constant initial values; ``params`` is the
     learnable scalar parameters' vector (None when none); ``shaped`` and ``layout`` are the shaped
-    parameters' values and (inner, size) pairs (:func:`shaped_view`)."""
+    parameters' values and (inner, size) pairs (:func:`shaped_view`); ``seed``: :func:`new_seed`'s
+    for a spec with draws, else None."""
     with on_device(xs[0]):
-        return _forward_results(_plan_for(key, xs[0]), False, store_seqs, xs, inits, params, shaped, layout, training)
+        return _forward_results(_plan_for(key, xs[0]), False, store_seqs, xs, inits, params, shaped, layout, training,
+                                seed)
 
 
 def _forward_results(plan: Plan, traced: bool, store_seqs: bool, xs, inits, params, shaped, layout,
-                     training: bool) -> list[torch.Tensor]:
+                     training: bool, seed) -> list[torch.Tensor]:
     """:func:`_forward`'s results as the forward operators return them (see :func:`_fused_forward`)."""
-    outs, saved, seqs, finals, _ = _forward(plan, xs, inits, params, shaped, layout, training, store_seqs, traced)
+    outs, saved, seqs, finals, _ = _forward(plan, xs, inits, params, shaped, layout, training, store_seqs, traced,
+                                            seed)
     return [*outs, *saved, *seqs, *finals]
 
 
-def _fused_forward_fake(key, store_seqs, xs, inits, params, shaped, layout, training):
+def _fused_forward_fake(key, store_seqs, xs, inits, params, shaped, layout, training, seed):
     info = _REGISTRY[key].info
     x = xs[0]
     return ([x.new_empty(x.shape) for _ in info.output_names] +
@@ -588,26 +607,27 @@ def _stack(params: list[torch.Tensor]) -> torch.Tensor | None:
 
 def _fused_backward(key: str, store_seqs: bool, grads: list[torch.Tensor | None], saved: list[torch.Tensor],
                     xs: list[torch.Tensor | None], outs: list[torch.Tensor], params: torch.Tensor | None,
-                    shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
+                    shaped: list[torch.Tensor], layout: list[int], init_grads: bool,
+                    seed: torch.Tensor | None) -> list[torch.Tensor]:
     """Gradients of inputs, initial states (when ``init_grads``), the scalar parameters (when ``params``
     is given), then each learnable shaped parameter, from the upstream gradients (None where there
-    are none)."""
+    are none); ``seed``: the forward's."""
     with on_device(outs[0]):
         return _backward_results(_plan_for(key, outs[0]), False, store_seqs, grads, saved, xs, outs, params, shaped,
-                                 layout, init_grads)
+                                 layout, init_grads, seed)
 
 
 def _backward_results(plan: Plan, traced: bool, store_seqs: bool, grads, saved, xs, outs, params, shaped, layout,
-                      init_grads: bool) -> list[torch.Tensor]:
+                      init_grads: bool, seed) -> list[torch.Tensor]:
     """:func:`_backward`'s results as the backward operators return them (see :func:`_fused_backward`)."""
     grad_x, grad_init, grad_params, grad_shaped = _backward(
         plan, store_seqs, grads, saved, [None if x is None else _contiguous(x) for x in xs], outs, params, shaped,
-        layout, init_grads, traced)
+        layout, init_grads, traced, seed)
     return [*grad_x, *grad_init, *([grad_params] if params is not None else []),
             *[g for g in grad_shaped if g is not None]]
 
 
-def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, shaped, layout, init_grads):
+def _fused_backward_fake(key, store_seqs, grads, saved, xs, outs, params, shaped, layout, init_grads, seed):
     info = _REGISTRY[key].info
     x = outs[0]
     return ([x.new_empty(x.shape) for _ in xs] +
@@ -653,15 +673,17 @@ def _size_hint(size) -> int:
 
 def _traced_forward(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
                     params: Optional[torch.Tensor], shaped: list[torch.Tensor], layout: list[int],
-                    training: bool) -> list[torch.Tensor]:
-    return _forward_results(_traced_plan(key, xs[0]), True, store_seqs, xs, inits, params, shaped, layout, training)
+                    training: bool, seed: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    return _forward_results(_traced_plan(key, xs[0]), True, store_seqs, xs, inits, params, shaped, layout, training,
+                            seed)
 
 
 def _traced_backward(key: str, store_seqs: bool, grads: list[Optional[torch.Tensor]], saved: list[torch.Tensor],
                      xs: list[Optional[torch.Tensor]], outs: list[torch.Tensor], params: Optional[torch.Tensor],
-                     shaped: list[torch.Tensor], layout: list[int], init_grads: bool) -> list[torch.Tensor]:
+                     shaped: list[torch.Tensor], layout: list[int], init_grads: bool,
+                     seed: Optional[torch.Tensor]) -> list[torch.Tensor]:
     return _backward_results(_traced_plan(key, outs[0]), True, store_seqs, grads, saved, xs, outs, params, shaped,
-                             layout, init_grads)
+                             layout, init_grads, seed)
 
 
 torch.library.triton_op("flexsn_dsl::traced_forward", _traced_forward, mutates_args=())
@@ -681,20 +703,20 @@ def _operators(key: str, like: torch.Tensor) -> tuple:
 class _CompiledSteps(torch.autograd.Function):
     """The autograd of ``fused_steps`` (traced by torch.compile, not run at each call). ``call``: (key,
     store_seqs, number of inputs, of initial states, of scalar parameters, layout); tensor arguments: the
-    inputs, initial states, scalar parameters (0-dim each) and shaped parameters' values."""
+    seed (or None), inputs, initial states, scalar parameters (0-dim each) and shaped parameters' values."""
 
     @staticmethod
-    def forward(ctx, call: tuple, *tensors):
+    def forward(ctx, call: tuple, seed, *tensors):
         key, store_seqs, n_x, n_init, n_params, layout = call
         info = _REGISTRY[key].info
         a, b, c = n_x, n_x + n_init, n_x + n_init + n_params
         xs, inits, params, shaped = list(tensors[:a]), list(tensors[a:b]), tensors[b:c], list(tensors[c:])
         param_vec = _stack(list(params))
         forward, backward = _operators(key, xs[0])
-        results = forward(key, store_seqs, xs, inits, param_vec, shaped, list(layout), True)
+        results = forward(key, store_seqs, xs, inits, param_vec, shaped, list(layout), True, seed)
         n_out, n_saved = info.num_outputs, len(info.saved_names)
         ctx.call, ctx.backward_op = call, backward
-        ctx.save_for_backward(param_vec, *shaped, *results[n_out:n_out + n_saved],
+        ctx.save_for_backward(seed, param_vec, *shaped, *results[n_out:n_out + n_saved],
                               *[x if keep else None for x, keep in zip(xs, kept_inputs(info))], *results[:n_out])
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*results[:n_out], *results[n_out + n_saved:])
@@ -703,30 +725,31 @@ class _CompiledSteps(torch.autograd.Function):
     def backward(ctx, *grads):
         key, store_seqs, n_x, n_init, n_params, layout = ctx.call
         info = _REGISTRY[key].info
-        param_vec, *tensors = ctx.saved_tensors
+        seed, param_vec, *tensors = ctx.saved_tensors
         n_shaped = len(layout) // 2  # ((inner, size) per shaped parameter)
         k = n_shaped + len(info.saved_names)
         shaped, saved, xs, outs = tensors[:n_shaped], tensors[n_shaped:k], tensors[k:k + n_x], tensors[k + n_x:]
         result = ctx.backward_op(key, store_seqs, list(grads), saved, xs, outs, param_vec, shaped, list(layout),
-                                 n_init > 0)
+                                 n_init > 0, seed)
         grad_x, grad_init = result[:n_x], result[n_x:n_x + n_init]
         grad_params = result[n_x + n_init].unbind(0) if n_params else ()
         rest = iter(result[n_x + n_init + (1 if n_params else 0):])  # the learnable shaped parameters' gradients
         grad_shaped = [next(rest) if name in info.param_names else None for name in info.shaped_names]
-        return (None, *grad_x, *grad_init, *grad_params, *grad_shaped)
+        return (None, None, *grad_x, *grad_init, *grad_params, *grad_shaped)
 
 
 def _fused_steps(key: str, store_seqs: bool, xs: list[torch.Tensor], inits: list[torch.Tensor],
-                 params: list[torch.Tensor], shaped: list[torch.Tensor], layout: list[int]) -> list[torch.Tensor]:
+                 params: list[torch.Tensor], shaped: list[torch.Tensor], layout: list[int],
+                 seed: torch.Tensor | None) -> list[torch.Tensor]:
     """Outputs, state sequences (if stored), final states; ``params`` holds each learnable scalar parameter
     as a 0-dim tensor (one each, so that each gets its own gradient); see :func:`_fused_forward`. Where no
     gradient is needed, the inference kernels (nothing saved)."""
     compiled = _REGISTRY[key]
     xs, params, shaped = _without_zero_grads(compiled, compiled.info, xs, params, shaped)
     if not _needs_grad(xs, inits, params, shaped):
-        return _operators(key, xs[0])[0](key, store_seqs, xs, inits, _stack(params), shaped, layout, False)
+        return _operators(key, xs[0])[0](key, store_seqs, xs, inits, _stack(params), shaped, layout, False, seed)
     call = (key, store_seqs, len(xs), len(inits), len(params), tuple(layout))
-    return list(_CompiledSteps.apply(call, *xs, *inits, *params, *shaped))
+    return list(_CompiledSteps.apply(call, seed, *xs, *inits, *params, *shaped))
 
 
 _LIBRARY.impl("fused_steps", _fused_steps, "CompositeImplicitAutograd")
@@ -790,7 +813,7 @@ def direct_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Tenso
     launches. None where the spec has more than that, or ``like`` no steps or neurons or another
     layout, or (training) the input's gradient is known to be zero (the general path detaches it)."""
     model = compiled.model
-    if len(model.inputs) != 1 or model.runtime_params or model.recurrent or not like.is_contiguous():
+    if len(model.inputs) != 1 or model.runtime_params or model.recurrent or model.draws or not like.is_contiguous():
         return None
     settings = launch_settings()
     plan = _kernels(compiled, like.device.type).plan(like.shape, like.dtype, settings)
@@ -827,9 +850,10 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     like = inputs[0]
     param_list, shaped, layout = kernel_params(compiled, params, like) if params else ([], [], [])
     n_out, n_st = len(model.outputs), len(model.states)
+    seed = new_seed(like) if model.draws else None
     if torch.compiler.is_compiling():  # an opaque operator; registered by FlexSN.__init__
         results = fused_steps(compiled.module_name, store_seqs, list(inputs), list(states), param_list, shaped,
-                              layout)
+                              layout, seed)
         seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
         return list(results[:n_out]), list(results[len(results) - n_st:]), seqs
     # (a bad launch setting is an error even for calls that launch nothing: T=0)
@@ -839,11 +863,11 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     if not _needs_grad(inputs, states, shaped, param_list):
         with on_device(like):
             outs, _, seqs, finals, _ = _forward(plan, inputs, states, _stack(param_list), shaped, layout, False,
-                                                store_seqs)
+                                                store_seqs, seed=seed)
         return outs, finals, seqs
     with on_device(like):  # (the backward runs on the autograd engine's thread for that device)
         results = _TritonSteps.apply((plan, store_seqs, len(inputs), tuple(layout), len(shaped), len(param_list)),
-                                     *param_list, *shaped, *inputs, *states)
+                                     *_seed_arg(seed), *param_list, *shaped, *inputs, *states)
     outs = list(results[:n_out])
     seqs = list(results[n_out:n_out + n_st]) if store_seqs else []
     return outs, list(results[len(results) - n_st:]), seqs

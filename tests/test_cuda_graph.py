@@ -74,3 +74,50 @@ def test_bench_times_our_rows_from_graph_replays(tmp_path):
     assert main(["bench", str(spec), "-T", "4", "-n", "4096", "--peers", "--device", "cuda", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())[0]["results"]
     assert sorted((r["mode"], bool(r["graph_ms"])) for r in rows) == [("inference", True), ("training", True)]
+
+
+NOISY = """
+neuron: noisy_graph
+inputs: [x]
+parameters: {tau: 2.0, sigma: {value: 0.4, learnable: true}}
+states: {v: 0.0}
+step:
+  n: randn()
+  h: v + (x - v) / tau + sigma * n
+  s: spike(h - 1.0)
+  v: h * (1 - s)
+outputs: [s, n]
+"""
+
+
+def test_a_captured_noisy_step_draws_fresh_numbers_at_each_replay_and_its_backward_sees_them():
+    """As torch's own random ops under capture: each replay draws new numbers (the seed is drawn inside
+    the graph), and the captured backward uses the replay's own draws."""
+    import flexsn_dsl
+    m = flexsn_dsl.loads(NOISY, backend="triton")
+    x = torch.rand(16, 4096, device="cuda", requires_grad=True)
+
+    def step():
+        m.reset()
+        x.grad, m.sigma.grad = None, None
+        s, n = m(x)
+        (s * 0 + s).sum().backward()
+        return n
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        n = step()
+    draws, grads = [], []
+    for _ in range(2):
+        graph.replay()
+        draws.append(n.clone())
+        grads.append(m.sigma.grad.clone())
+    assert not torch.equal(draws[0], draws[1]) and abs(draws[0].std().item() - 1) < 0.05
+    fed = flexsn_dsl.loads(NOISY.replace("n: randn()\n", "").replace("inputs: [x]", "inputs: [x, n]")
+                           .replace("outputs: [s, n]", "outputs: [s]"), backend="torch").cuda()
+    fed(x.detach(), draws[1]).sum().backward()
+    torch.testing.assert_close(grads[1], fed.sigma.grad, rtol=1e-4, atol=1e-4)

@@ -49,6 +49,9 @@ RECORDED = {
     "morris_lecar": (("I", "V", "w", "refractory__start"),
                      ("V__k1", "w__k1", "V__k2", "w__k2", "V__k3", "w__k3", "V__k4", "V__next", "s")),
     "rlif": (("h",), ("s__u", "s")),
+    # stochastic specs: a draw is regenerated in the backward, never saved
+    "escape_lif": (("h",), ("p", "s__u", "s")),
+    "ou_lif": (("v__int",), ("s__u", "s")),
 }
 
 
@@ -59,7 +62,7 @@ def exhaustive(ir: StepIR, backward: Backward) -> tuple[tuple[str, ...], tuple[s
     in (inputs, states, lines) order. Returns (saved names, rerun names)."""
     forward = dict(ir.assignments)
     order = [s for s, _ in ir.assignments]
-    params = set(ir.params) | set(ir.fixed)
+    params = set(ir.params) | set(ir.fixed) | set(ir.draws)  # (draws are regenerated, never saved)
     needed = set().union(*(e.free_symbols for _, e in backward.adjoints), *(r.free_symbols for r in backward.results))
     needed &= set(ir.inputs) | set(ir.states) | set(forward)
     candidates, frontier = set(), set(needed)

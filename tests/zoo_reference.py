@@ -161,6 +161,9 @@ class Reference:
     param_shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
     sizes: Dict[str, int] = field(default_factory=dict)
     step_shape: Optional[Tuple[int, ...]] = None
+    # the random numbers a step draws (a stochastic spec): the step reads them as inputs of these
+    # names, which the caller supplies (rand__k uniform in [0, 1), randn__k standard normal)
+    draws: Tuple[str, ...] = ()
 
     @property
     def states(self) -> Tuple[str, ...]:
@@ -714,6 +717,39 @@ _add(Reference(
     input_ranges={"I": (800.0, 3000.0)},  # (a spike within the test's few steps of 0.1 ms)
 ))
 
+# --- escape_lif: LIF with escape noise (Jolivet et al. 2006): fires with probability 1 - exp(-rho dt) ----
+def _step_escape_lif(i, st, p):
+    h = st["v"] + (i["x"] - st["v"]) * p["dt"] / p["tau"]
+    rho = p["rho0"] * torch.exp((h - p["v_th"]) / p["delta"])
+    prob = 1 - torch.exp(-rho * p["dt"])
+    s = spike(prob - i["rand__0"], "sigmoid", alpha=4.0)
+    return {"s": s}, {"v": h * (1 - s)}
+
+
+_add(Reference(
+    name="escape_lif", model="LIF with escape noise (Jolivet, Rauch, Luescher & Gerstner 2006)",
+    inputs=("x",), state_init={"v": _const(0.0)}, outputs=("s",), spike_outputs=("s",),
+    params={"tau": 10.0, "v_th": 1.0, "delta": 0.1, "rho0": 0.05, "dt": 1.0},
+    learnable=(), surrogate="sigmoid(alpha=4.0)", step=_step_escape_lif, draws=("rand__0",),
+))
+
+
+# --- ou_lif: LIF driven by an Ornstein-Uhlenbeck current, Euler-Maruyama ----
+def _step_ou_lif(i, st, p):
+    v, noise, dt = st["v"], st["i_n"], p["dt"]
+    v_int = v + dt * (i["x"] + noise - v) / p["tau"]  # both from the values at the start of the step
+    n_int = noise - dt * noise / p["tau_n"] + math.sqrt(dt) * p["sigma"] * math.sqrt(2 / p["tau_n"]) * i["randn__0"]
+    s = spike(v_int - p["v_th"], "sigmoid", alpha=4.0)
+    return {"s": s}, {"v": v_int * (1 - s), "i_n": n_int}
+
+
+_add(Reference(
+    name="ou_lif", model="LIF driven by an Ornstein-Uhlenbeck current (Euler-Maruyama)",
+    inputs=("x",), state_init={"v": _const(0.0), "i_n": _const(0.0)}, outputs=("s",), spike_outputs=("s",),
+    params={"tau": 10.0, "tau_n": 5.0, "sigma": 0.3, "v_th": 1.0, "dt": 0.1},
+    learnable=(), surrogate="sigmoid(alpha=4.0)", step=_step_ou_lif, draws=("randn__0",),
+))
+
 # --------------------------------------------------------------------------
 # Running a sequence
 # --------------------------------------------------------------------------
@@ -735,7 +771,7 @@ def run_reference(
     ``state_seqs`` (``{state: Tensor[T, ...]}``, the states after each step).
     """
     ref = REFERENCES[name]
-    missing = set(ref.inputs) - set(inputs_seq)
+    missing = set(ref.inputs + ref.draws) - set(inputs_seq)
     if missing:
         raise KeyError(f"{name}: missing inputs {sorted(missing)}")
     p = ref.resolve_params(params)
@@ -745,7 +781,7 @@ def run_reference(
     outs: Dict[str, list] = {k: [] for k in ref.outputs}
     seqs: Dict[str, list] = {k: [] for k in ref.states}
     for t in range(T):
-        o, new = ref.step({k: inputs_seq[k][t] for k in ref.inputs}, st, p)
+        o, new = ref.step({k: inputs_seq[k][t] for k in ref.inputs + ref.draws}, st, p)
         st = {**st, **new}
         for k in ref.outputs:
             outs[k].append(o[k] if k in o else st[k])

@@ -13,10 +13,10 @@ values, :mod:`.language` the keys, reserved names and limits.
 from __future__ import annotations
 
 from .build import build_model, read_model
-from .language import METHODS, MODULE_ATTRIBUTES, REFRACTORY_STATE, RESERVED_NAMES, SPIKE_OUTPUT
+from .language import MAX_REFRACTORY_STEPS, METHODS, MODULE_ATTRIBUTES, REFRACTORY_STATE, RESERVED_NAMES, SPIKE_OUTPUT
 from .neuron import Assignment, Continuous, NeuronModel, Parameter, Recurrent, State
 from .values import Folded, check_values, fold_values, refractory_steps
 
-__all__ = ["METHODS", "MODULE_ATTRIBUTES", "REFRACTORY_STATE", "RESERVED_NAMES", "SPIKE_OUTPUT", "Assignment",
+__all__ = ["MAX_REFRACTORY_STEPS", "METHODS", "MODULE_ATTRIBUTES", "REFRACTORY_STATE", "RESERVED_NAMES", "SPIKE_OUTPUT", "Assignment",
            "Continuous", "Folded", "NeuronModel", "Parameter", "Recurrent", "State", "build_model", "check_values",
            "fold_values", "read_model", "refractory_steps"]

@@ -73,7 +73,8 @@ class _Builder(SpecContext):
         passes = read_passes(self)
         model = NeuronModel(name, description, self.file, self.text, inputs, parameters, states, surrogate,
                             surrogate_params, steps, outputs, next_states, passes,
-                            {k: self.key_pos(k) for k in top}, continuous, self.warnings, recurrent)
+                            {k: self.key_pos(k) for k in top}, continuous, self.warnings, recurrent,
+                            tuple(self.draws))
         fold_values(model, {p.name: p.value for p in parameters.values()},
                     lambda n: f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})")
         return model

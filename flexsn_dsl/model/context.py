@@ -10,7 +10,7 @@ from ..errors import SourcePos, SpecError, SpecWarning
 from ..expressions import DSL_FUNCTIONS, MAX_CONDITION_NODES, ExpressionParser
 from ..plugins import Plugins
 from ..source import Node
-from ..symbolic import Spike
+from ..symbolic import Spike, is_white_noise_name
 from .language import MAX_NAME, MAX_NEURON_NAME, MAX_SPEC_TERMS, RESERVED_NAMES
 from .numbers import read_number, type_name
 
@@ -49,6 +49,7 @@ class SpecContext:
         self.condition_budget = [MAX_CONDITION_NODES]  # shared by all expressions of the spec
         self.default_input = False  # `inputs` not given: the input is x
         self.state_names: list[str] = []
+        self.draws: list[sympy.Symbol] = []  # rand() and randn() of the whole spec, by occurrence
         self.generated: frozenset[str] = frozenset()  # the generated code's names for this neuron
         self.warnings: list[SpecWarning] = []
 
@@ -73,6 +74,9 @@ class SpecContext:
                             f"{limit}", pos, "choose a shorter name")
         if (keyword.iskeyword(name) and not allow_keyword) or (name in RESERVED_NAMES and not allow_keyword):
             raise SpecError(f"{kind} name {name!r} is reserved", pos, _reserved_hint(name))
+        if is_white_noise_name(name):
+            raise SpecError(f"{kind} name {name!r} is reserved: `xi` and `xi_<suffix>` are white noise in "
+                            "`equations`", pos, f"choose another name, e.g. {name}0")
         if name.startswith("_") or "__" in name:
             raise SpecError(f"{kind} name {name!r} may not start with '_' or contain '__' (reserved for generated code)",
                             pos, "choose another name")
@@ -99,7 +103,10 @@ class SpecContext:
         self.declared[name] = (kind, pos)
 
     def expression(self, node: Node, env, what: str, later=None, initial: bool = False,
-                   current: str | None = None, forbidden: dict | None = None, comparison: bool = False) -> sympy.Expr:
+                   current: str | None = None, forbidden: dict | None = None, comparison: bool = False,
+                   noise: bool = False, draws: bool | None = None) -> sympy.Expr:
+        """Parse an expression of ``node`` against ``env``; ``initial``: computed once (no states, inputs or
+        draws, unless ``draws``); ``noise``: white noise allowed (equations)."""
         if node.kind != "scalar" or node.value is None or isinstance(node.value, bool):
             raise SpecError(f"{what} must be a number or an expression, not {type_name(node)}", node.pos,
                             "write an expression such as `v + x / tau`")
@@ -114,7 +121,8 @@ class SpecContext:
                                  "an initial value may use numbers and parameters only")
                           for name, kind in kinds.items()}
         parser = ExpressionParser(env, later=later, what=what, current=current, forbidden=forbidden,
-                                  budget=self.condition_budget)
+                                  budget=self.condition_budget,
+                                  draws=self.draws if (not initial if draws is None else draws) else None, noise=noise)
         try:
             expr = parser.parse(str(node.value), _locator(node), comparison=comparison)
         except SpecError as exc:

@@ -7,7 +7,7 @@ import sympy
 from ..errors import SourcePos, SpecError, SpecWarning
 from ..expressions import closest
 from ..source import Node
-from ..symbolic import Detach, Spike, nonlinear_term, real_symbol
+from ..symbolic import Detach, Spike, draw_symbol, language_text, nonlinear_term, real_symbol
 from .context import SpecContext
 from .language import DT_HINT, METHODS, REFRACTORY_STATE, SPIKE_OUTPUT
 from .neuron import Assignment, Continuous
@@ -37,6 +37,7 @@ def read_continuous(spec: SpecContext, inputs, parameters, states, recurrent=())
     user_states = [n for n in states if n != REFRACTORY_STATE]
     env = {n: real_symbol(n) for n in [*inputs, *recurrent, *parameters, *user_states]}
     equations: dict[str, Assignment] = {}
+    noise: dict[sympy.Symbol, sympy.Symbol] = {}  # white noise (xi, xi_a) -> its standard normal draw per step
     for name, value in node.value.items():
         pos = node.key_pos[name]
         if name not in user_states:
@@ -45,10 +46,14 @@ def read_continuous(spec: SpecContext, inputs, parameters, states, recurrent=())
             hint = closest(name, user_states) or f"declare it under `states:` (e.g. {name}: 0.0), or give the " \
                 f"derivative of one of the states: {', '.join(user_states)}"
             raise SpecError(f"`equations` gives the time derivative of {what}; only states have one", pos, hint)
-        expr = spec.expression(value, env, f"the equation of {name!r}")
+        expr = spec.expression(value, env, f"the equation of {name!r}", noise=True)
         _no_spike(expr, value, f"the equation of {name!r}")
+        for xi in sorted(expr.free_symbols - set(env.values()), key=lambda s: s.name):
+            if xi.name.endswith("__white"):
+                _additive(expr, xi, [real_symbol(n) for n in user_states], name, value)
+                noise.setdefault(xi, _noise_draw(spec))
         equations[name] = Assignment(name, real_symbol(f"d{name}__dt"), expr, value.pos)
-    method, method_pos = _method(spec, equations)
+    method, method_pos = _method(spec, equations, noise)
     threshold, threshold_pos = None, None
     if "threshold" in top:
         threshold, threshold_pos = _threshold(spec, top["threshold"], env, [*inputs, *recurrent, *user_states])
@@ -68,7 +73,7 @@ def read_continuous(spec: SpecContext, inputs, parameters, states, recurrent=())
     if threshold is not None:
         out_env[SPIKE_OUTPUT] = real_symbol(SPIKE_OUTPUT)
     part = Continuous(equations, method, method_pos, threshold, threshold_pos, reset, detach_reset,
-                      period, period_pos, hold, condition, condition_pos)
+                      period, period_pos, hold, condition, condition_pos, noise)
     return part, next_states, out_env
 
 
@@ -78,15 +83,42 @@ def _no_spike(expr: sympy.Expr, node: Node, what: str) -> None:
                         "spikes come from `threshold`; `detach_reset: true` detaches the reset")
 
 
-def _method(spec: SpecContext, equations: dict[str, Assignment]) -> tuple[str, SourcePos]:
+def _noise_draw(spec: SpecContext) -> sympy.Symbol:
+    """The standard normal draw of a white-noise process: one of the spec's draws."""
+    symbol = draw_symbol("randn", len(spec.draws))
+    spec.draws.append(symbol)
+    return symbol
+
+
+def _additive(expr: sympy.Expr, xi: sympy.Symbol, states: list[sympy.Symbol], name: str, node: Node) -> None:
+    """Refuse noise whose coefficient depends on a state, or that is not linear (multiplicative noise)."""
+    noise = xi.name.removesuffix("__white")
+    for term in sympy.Add.make_args(sympy.expand(expr, deep=False, mul=True, multinomial=False, power_exp=False,
+                                                 power_base=False, log=False)):
+        if not term.has(xi):
+            continue
+        coefficient = sympy.diff(term, xi)
+        if coefficient.has(xi) or coefficient.free_symbols & set(states):
+            shown = language_text(term.xreplace({xi: real_symbol(noise)}))
+            raise SpecError(f"the equation of {name!r} has multiplicative noise: the term {shown} (its "
+                            f"coefficient of {noise} must not depend on the states or on {noise})", node.pos,
+                            f"write additive noise, `... + sigma * {noise}` with sigma a parameter or a number")
+
+
+def _method(spec: SpecContext, equations: dict[str, Assignment], noise) -> tuple[str, SourcePos]:
     top = spec.root.value
     states = [real_symbol(n) for n in equations]
     nonlinear = next(((name, term) for name, eq in equations.items()
                       if (term := nonlinear_term(eq.expr, states)) is not None), None)
+    if noise and "method" in top and top["method"].value != "euler":
+        node = top["method"]
+        shown = node.value if node.kind == "scalar" else node.kind
+        raise SpecError(f"`method: {shown}` cannot integrate white noise ({', '.join(sorted(x.name.removesuffix('__white') for x in noise))}): "
+                        "stochastic equations are integrated by Euler-Maruyama", node.pos, "write method: euler")
     if "method" not in top:
         pos = spec.key_pos("equations")
         if nonlinear is None:
-            return "exact", pos
+            return "euler" if noise else "exact", pos
         name, term = nonlinear
         spec.warnings.append(SpecWarning(
             f"no `method` given and the equations are not linear in the states (the equation of {name!r} "
@@ -194,12 +226,18 @@ def _refractory_condition(spec: SpecContext, node: Node, env, user_states: list[
 
 def _refractory_period(spec: SpecContext, period_node: Node, parameters) -> tuple[sympy.Expr, SourcePos]:
     env = {p: real_symbol(p) for p in parameters}
-    period = spec.expression(period_node, env, "the refractory period", initial=True)
-    shaped = sorted(s.name for s in period.free_symbols if parameters[s.name].shaped)
+    period = spec.expression(period_node, env, "the refractory period", initial=True, draws=True)
+    used = [parameters[s.name] for s in period.free_symbols if s.name in parameters]  # (the others: draws)
+    shaped = sorted(p.name for p in used if p.shaped)
     if shaped:
         raise SpecError(f"the refractory period may not use the shaped parameter {shaped[0]!r}: it is one whole "
                         "number of steps for every neuron, compiled into the kernels", period_node.pos,
                         "use scalar constant parameters or a number, e.g. period: 2.0")
+    if any(p.learnable for p in used):
+        raise SpecError("the refractory period may not use learnable parameters (it is a whole number of "
+                        "steps)", period_node.pos, "use constant parameters or a number")
+    if len(used) < len(period.free_symbols):  # a random period: round(period / dt) steps, drawn at each spike
+        return period, period_node.pos
     values = {real_symbol(p.name): sympy.Float(p.value) for p in parameters.values()}
     number = sympy.sympify(period).xreplace(values)
     if not number.is_number or not finite(number) or float(number) < 0:
@@ -208,9 +246,6 @@ def _refractory_period(spec: SpecContext, period_node: Node, parameters) -> tupl
     problem = period_problem(float(number), parameters["dt"].value)
     if problem is not None:
         raise SpecError(problem, period_node.pos, "give a period >= 0 of at most that many steps")
-    if any(parameters[s.name].learnable for s in period.free_symbols):
-        raise SpecError("the refractory period may not use learnable parameters (it is a whole number of "
-                        "steps)", period_node.pos, "use constant parameters or a number")
     _, warning = refractory_steps(float(number), parameters["dt"].value, period_node.pos)
     if warning is not None:
         spec.warnings.append(warning)

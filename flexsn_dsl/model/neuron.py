@@ -92,6 +92,7 @@ class Continuous:
     hold: tuple[str, ...]              # states not integrated while refractory
     condition: sympy.Basic | None = None  # refractory while this holds after a spike (instead of a period)
     condition_pos: SourcePos | None = None
+    noise: dict[sympy.Symbol, sympy.Symbol] = field(default_factory=dict)  # white noise -> its randn() draw
 
     @property
     def refractory(self) -> bool:
@@ -130,6 +131,7 @@ class NeuronModel:
     continuous: Continuous | None = None  # set for `equations` specs (then ``steps`` is empty)
     warnings: list[SpecWarning] = field(default_factory=list)
     recurrent: dict[str, Recurrent] = field(default_factory=dict)
+    draws: tuple[sympy.Symbol, ...] = ()  # every draw of the spec, by occurrence (see symbolic.draw_symbol)
 
     @property
     def checked_lines(self) -> list[Assignment]:

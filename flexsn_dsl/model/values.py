@@ -9,7 +9,7 @@ from typing import Callable
 import sympy
 
 from ..errors import SourcePos, SpecError, SpecWarning
-from ..symbolic import real_symbol
+from ..symbolic import draw_of, real_symbol
 from .language import DT_HINT, MAX_REFRACTORY_STEPS
 from .neuron import Assignment, NeuronModel
 from .numbers import finite, finite_with
@@ -51,7 +51,7 @@ def check_values(model: NeuronModel, values: dict[str, float], given: set[str]) 
     problem = dt_problem(dt)
     if problem is not None:
         raise SpecError(f"{problem} ({origin(['dt'])})", model.parameters["dt"].pos, DT_HINT)
-    if c.period is not None:
+    if c.period is not None and not any(draw_of(s) for s in c.period.free_symbols):  # (a random one is clamped)
         period = sympy.sympify(c.period).xreplace({real_symbol(n): sympy.Float(v) for n, v in values.items()})
         problem = period_problem(float(period), dt)
         if problem is not None:

@@ -39,6 +39,9 @@ _NUMPY = [{"Sigmoid": lambda a: 1.0 / (1.0 + np.exp(-a))}, "numpy"]  # the langu
 def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: str) -> Any:
     """The NIR node of one of our neuron modules, its arrays of the layer's shape ``feature``."""
     nir = _nir()
+    if m._compiled.model.draws:
+        raise NIRError(f"{where}: {m.spec.name} draws random numbers (rand(), randn() or xi), and NIR has no "
+                       "noise: export the neuron without them")
     kind, values, _ = match_neuron(m, dt)
     missing = [p for p in kind.params if p not in values]
     if missing:
