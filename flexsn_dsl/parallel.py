@@ -2,7 +2,7 @@
 
 A spec is *time-parallel* when its next states are affine in its previous states,
 ``s_t = A_t s_{t-1} + b_t``, with coefficients ``A_t`` and ``b_t`` that depend only on the
-step's inputs and the parameters: no state enters a state update through a spike, a
+step's inputs, random draws and the parameters: no state enters a state update through a spike, a
 condition or any other nonlinear function, and no output is fed back. The outputs may be
 any function of the states (a threshold read-out of a reset-free LIF). T such maps compose
 by an associative scan, so the states of a block of steps are computed at once
@@ -129,8 +129,6 @@ def analyse(ir: StepIR) -> Affine | str:
     """The step's affine form, or why it runs sequentially (``"sequential: s feeds back into v"``)."""
     if not ir.states:
         return "sequential: no states"
-    if ir.draws:
-        return f"sequential: it draws random numbers ({', '.join(sorted({d.name.split('__')[0] + '()' for d in ir.draws}))})"
     if ir.recurrent:
         fed = ", ".join(s.name for s in ir.recurrent)
         return f"sequential: {fed} feeds back through a recurrent input"

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen_triton import Cores
+from .codegen_triton import Cores, FlexSNInfo, draw_parts
 from .literals import identifier
 from .names import VARIANTS, kernel_name, scan_variant
 from .parallel import Affine
 from .printer import TRITON, Printer
 from .templates import (BLOCK_SIZES, I1, I2, TILE_SIZES, _backward_names, _head, _if, _initial_states, _param_args,
-                        _params_load, _shaped_grads, _tile_head)
+                        _params_load, _seed_args, _seed_load, _shaped_grads, _tile_head)
 
 I3 = I2 + I1
 TILE = ", _TC: tl.constexpr"
@@ -85,6 +85,18 @@ def _tile_store(ptr: str, value: str) -> str:
     return f"tl.store({ptr} + _at, {value}.to({ptr}.dtype.element_ty), mask=_here)"
 
 
+def _tile_draws(info: FlexSNInfo, names, steps: str, layout: _Layout) -> list[str]:
+    """The draws among ``names`` of the step ``steps`` of each row (``[_TC]``; a row before the first step,
+    which no result reads, draws at step 0), as the sequential kernels draw them."""
+    lines = []
+    for name in names:
+        if name in info.draws:
+            kind, k = draw_parts(name)
+            lines.append(f"{I2}{name} = tl.{kind}(_seed_value, ((_step0 + tl.maximum({steps}, 0)){layout.step} * "
+                         f"{info.draw_count} + {k}) * _N + _offs{layout.each}).to(_DTYPE)")
+    return lines
+
+
 def _carry(target: str, rows: str) -> str:
     """The last step's row of ``rows`` (a tile of steps) as the carry ``target`` (the neurons' shape)."""
     return f"{target} = tl.sum(tl.where(_last, {rows}, 0.0), axis=0).to(_DTYPE)"
@@ -104,16 +116,17 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
     n_out = info.num_outputs
     recipients = list(info.fwd_core_recipients[:n_out]) + after + \
         ([f"{n}__saved_t" for n in info.saved_names] if training else ["_"] * len(info.saved_names))
-    call_args = list(info.input_names) + before + list(info.param_names) + list(info.fixed_names)
+    call_args = list(info.input_names) + before + list(info.param_names) + list(info.fixed_names) + list(info.draws)
     output_vars = [after[states.index(v)] if v in states else v for v in info.output_vars]
     lines = _signature(cores, variant, [
         (inputs + [f"{n}__init" for n in states], "inputs [T, N], initial states [N]"),
         (written + [f"{n}__final" for n in states], "written"),
         _param_args(info),
+        _seed_args(info),
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
     lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons, '
               f'time-parallel: a scan over tiles of _TC steps."""']
-    lines += _head() + _params_load(info) + _initial_states(info, "[_BLOCK]") + _steps_head(BLOCK)
+    lines += _head() + _params_load(info) + _seed_load(info) + _initial_states(info, "[_BLOCK]") + _steps_head(BLOCK)
     lines += [f"{I1}for _t0 in tl.range(0, _T, _TC):",
               f"{I2}_steps = _t0 + _tt",
               f"{I2}_here = (_steps[:, None] < _T) & _mask[None, :]",
@@ -124,6 +137,7 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
                        *(b.free_symbols for b in affine.offset))
     lines += [f"{I2}{n} = {_tile_load(f'{n}__in + _at - _N', '(_tt[:, None] > 0) & _here')}"
               for n in info.input_names if any(s.name == n for s in used)]
+    lines += _tile_draws(info, [s.name for s in sorted(used, key=lambda s: s.name)], "_steps - 1", BLOCK)
     for i, j in affine.pattern:
         lines.append(f"{I2}_a{i}_{j} = tl.where(_first, {1.0 if i == j else 0.0}, _zero + ({p(affine.matrix[i][j])}))")
     lines += [f"{I2}_b{i} = tl.where(_first, 0.0, _zero + ({p(affine.offset[i])}))" for i in range(k)]
@@ -136,6 +150,7 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
         terms = [f"_A{i}_{j} * {states[j]}[None, :]" for j in range(k) if (i, j) in affine.pattern]
         lines.append(f"{I2}{name} = {' + '.join(terms)} + _B{i}")
     lines += [f"{I2}{n} = {_tile_load(f'{n}__in + _at', '_here')}" for n in info.input_names]
+    lines += _tile_draws(info, info.draws, "_steps", BLOCK)
     lines += [f"{I2}{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_tile_store(f'{n}__out', v)}" for n, v in zip(info.output_names, output_vars)]
     if training:
@@ -167,11 +182,12 @@ def _backward_kernel(cores: Cores, affine: Affine) -> str:
         _param_args(info),
         (grads, "partial parameter gradients: scalars [programs, P]; shaped [row tiles, segments, split]"
          if tiled else "partial parameter gradients [programs, P]"),
+        _seed_args(info),
     ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr",
         TILE_SIZES if tiled else BLOCK_SIZES)
     lines += [f'{I1}"""Backward of {info.neuron}, time-parallel: tiles of _TC steps from the last, a reverse scan '
               f'of the adjoint maps in each."""']
-    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled)
+    lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled) + _seed_load(info)
     lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = tl.load({n}__grad_final + _offs, mask=_mask, "
                                       f"other=0.0).to(_DTYPE)" for n in states],
                  [f"{I1}{n}__grad_acc = tl.zeros({layout.shape}, dtype=_DTYPE)" for n in states])
@@ -187,11 +203,12 @@ def _backward_kernel(cores: Cores, affine: Affine) -> str:
     lines += [f"{I2}if _HAS_STATE_GRADS:"]
     lines += [f"{I3}{n}__grad_next = {_tile_load(f'{n}__grad_states + _at + _N', '_later')}" for n in states]
     lines += [f"{I2}else:"] + [f"{I3}{n}__grad_next = _zero" for n in states]
+    lines += _tile_draws(info, call_args, "_steps + 1", layout)
     n_in = info.num_inputs
     offset_results = ["_"] * n_in + [f"_c{i}" for i in range(k)] + ["_"] * len(info.param_names)
     lines += [f"{I2}{', '.join(offset_results)} = {cores.backward_name}({', '.join(call_args)})"]
     adjoint = _transposed(affine.pattern)  # M = A transposed: M[i][j] = A[j][i]
-    seeds_at = len(call_args) - len(info.param_names) - len(info.fixed_names) - k
+    seeds_at = call_args.index(f"{states[0]}__grad_next")  # the state gradients, after the outputs' ones
     for j in range(k):  # column j of M: the backward with a unit gradient of state j after the step, no other
         args = list(call_args)
         args[seeds_at - info.num_outputs:seeds_at] = ["_zero"] * info.num_outputs
@@ -212,6 +229,7 @@ def _backward_kernel(cores: Cores, affine: Affine) -> str:
     lines += [f"{I2}if _HAS_STATE_GRADS:"]
     lines += [f"{I3}{n}__grad_next += {_tile_load(f'{n}__grad_states + _at', '_here')}" for n in states]
     lines += [f"{I2}{r}_t = {_tile_load(f'{r} + _at', '_here')}" for r in grad_out + read_unique]
+    lines += _tile_draws(info, call_args, "_steps", layout)
     before = [r.replace("__grad_acc", "__grad_before") for r in results]
     lines += [f"{I2}{', '.join(before)} = {cores.backward_name}({', '.join(call_args)})"]
     lines += [f"{I2}{_tile_store(f'{n}__grad_in', f'{n}__grad_in_t')}" for n in info.input_names]
