@@ -158,6 +158,7 @@ def _saved_labels(info) -> list[str]:
 def cmd_show(args) -> int:
     from .names import core_name
     from .ir import resolve_shapes
+    from .parallel import verdict
     from .symbolic import language_text
     from .templates import kernel_source
     compiled = _compile(Path(args.spec), args)
@@ -190,6 +191,7 @@ def cmd_show(args) -> int:
         for sym, expr in compiled.ir.assignments:
             print(f"    {sym.name} = {language_text(expr)}")
         print(f"  outputs: {[n for n, _ in m.outputs]}")
+        print(f"  time steps: {verdict(compiled.ir)}")
     elif what == "torch":
         print(compiled.torch_source)
     elif what == "module":

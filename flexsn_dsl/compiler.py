@@ -32,7 +32,9 @@ from .literals import identifier
 from .model import RESERVED_NAMES, NeuronModel, build_model, read_model
 from .names import VARIANTS, generated_names, kernel_name
 from .plugins import X, Pass, Plugins, describe_exception, get_plugins, plugin_error, source_path
+from .parallel import Affine, analyse
 from .printer import TORCH, Printer, float_literal
+from .scan_templates import scan_source
 from .templates import module_source
 
 CACHE_ENV = "FLEXSN_DSL_CACHE"
@@ -249,9 +251,18 @@ class Compiled:
             raise _lowering_error(self.ir, exc) from None
 
     @cached_property
+    def parallel(self) -> Affine | str:
+        """The step as an affine map of the states (time-parallel kernels), or why it runs sequentially."""
+        return analyse(self.ir)
+
+    @cached_property
     def triton_source(self) -> str:
-        """The Triton module's text after the ``source``-stage passes."""
-        return self._run_stage("source", module_source(self.cores, self.header), self.module_name)
+        """The Triton module's text after the ``source``-stage passes; with the time-parallel kernels
+        (:mod:`flexsn_dsl.scan_templates`) for a step affine in its states."""
+        text = module_source(self.cores, self.header)
+        if isinstance(self.parallel, Affine):
+            text += "\n\n" + scan_source(self.cores, self.parallel)
+        return self._run_stage("source", text, self.module_name)
 
     @property
     def module_name(self) -> str:

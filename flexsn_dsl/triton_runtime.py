@@ -21,11 +21,12 @@ import triton  # noqa: E402
 from torch.library import wrap_triton  # noqa: E402
 
 from .compiler import Compiled
-from .names import CORES, VARIANTS, core_name, kernel_name
+from .names import CORES, VARIANTS, core_name, kernel_name, scan_variant
 
 CPU_BLOCK = 1024
 CPU_TILE = 4  # the interpreter's largest time tile: tiles and the steps after them both run in short tests
 LONG_NEURONS = 65536  # below this, a launch has too few blocks of neurons to keep the GPU's memory busy
+SCAN_TC = 16  # the steps of a time-parallel kernel's tile in the interpreter
 MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MAX_TILE = 64  # the largest time tile a setting may ask for (each step of a tile is compiled code)
@@ -44,6 +45,7 @@ class LaunchSettings(NamedTuple):
     block: int      # $FLEXSN_DSL_BLOCK: neurons per program (0: heuristic)
     warps: int      # $FLEXSN_DSL_WARPS: warps per program (0: heuristic; GPU only)
     time_tile: int  # $FLEXSN_DSL_TIME_TILE: steps per time tile, _TC (0: heuristic; 1: no tiles)
+    time_parallel: bool = True  # $FLEXSN_DSL_TIME_PARALLEL=0: sequential kernels also for time-parallel specs
 
 
 def launch_settings() -> LaunchSettings:
@@ -53,7 +55,7 @@ def launch_settings() -> LaunchSettings:
 
 
 SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_BLOCK",
-            "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE")  # their environment variables, in LaunchSettings' order
+            "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE", "FLEXSN_DSL_TIME_PARALLEL")  # in LaunchSettings' order
 _SETTING_KEYS = tuple(os.environ.encodekey(name) for name in SETTINGS)  # (as os.environ stores them)
 
 
@@ -69,7 +71,7 @@ def _read_settings() -> tuple[str | bytes | None, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
-    autotune, stages, precision, block, warps, tile = map(_decode, raw)
+    autotune, stages, precision, block, warps, tile, parallel = map(_decode, raw)
     if autotune.strip() not in ("", "0", "1"):
         raise ValueError(f"FLEXSN_DSL_AUTOTUNE={autotune!r} is not 0 or 1: set it to 1 to autotune block sizes "
                          "on the GPU, to 0 or nothing for the built-in choice")
@@ -87,8 +89,11 @@ def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
                          f"{', '.join(RECURRENT_PRECISIONS)}: set it to the recurrent product's precision in float32 "
                          "layers: tf32x3 (float32 accuracy on tensor cores; the default, also when unset), ieee "
                          "(float32 FMA, slower) or tf32 (fastest, about 1e-3 relative error)")
+    if parallel.strip() not in ("", "0", "1"):
+        raise ValueError(f"FLEXSN_DSL_TIME_PARALLEL={parallel!r} is not 0 or 1: set it to 0 to run specs whose states "
+                         "are affine (time-parallel) with the sequential kernels, to 1 or nothing for the scan kernels")
     return LaunchSettings(autotune=autotune.strip() == "1", stages=stages_n, recurrent_precision=product,
-                          block=block_n, warps=warps_n, time_tile=tile_n)
+                          block=block_n, warps=warps_n, time_tile=tile_n, time_parallel=parallel.strip() != "0")
 
 
 def _whole(name: str, raw: str, allowed, described: str, meaning: str) -> int:
@@ -128,6 +133,8 @@ class Kernels:
         self.module = compiled.triton_module()
         self.info = self.module.INFO
         self.name = compiled.model.name
+        # the variants with a time-parallel kernel (a step affine in its states: flexsn_dsl.scan_templates)
+        self.scans = tuple(v for v in VARIANTS if hasattr(self.module, kernel_name(self.name, scan_variant(v))))
         self._plans: dict[tuple, Plan] = {}
         # the built-in time tile's bound: TILE, or less for a step of more code (a power of two; 1: no tiles)
         code = max(len(inspect.getsource(getattr(self.module, core_name(self.name, d)).fn)) for d in CORES)
@@ -164,6 +171,16 @@ class Kernels:
         return {"_BLOCK": settings.block or block, "num_warps": settings.warps or warps,
                 "_STAGES": settings.stages or stages, "_TC": settings.time_tile or tile}
 
+    def scan_config(self, n: int) -> dict:
+        """Launch meta-parameters of the time-parallel kernels: blocks of neurons narrow enough that every SM
+        has a program where there are few neurons, and tiles of ``_TC`` steps of about 2048 elements."""
+        if self.interpret:
+            return {"_BLOCK": min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), "_STAGES": 1, "_TC": SCAN_TC}
+        block = 128
+        while block > 16 and _cdiv(n, block) < 2 * _sm_count():
+            block //= 2
+        return {"_BLOCK": block, "num_warps": 4, "_STAGES": 1, "_TC": 2048 // block}
+
     def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
         """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
         key = (shape, dtype, settings)
@@ -174,11 +191,12 @@ class Kernels:
             plan = self._plans[key] = Plan(self, shape, dtype, settings)
         return plan
 
-    def launch_tiled(self, variant: str, tiling: "Tiling", T: int, args: list, traced: bool, **constexprs) -> None:
+    def launch_tiled(self, variant: str, tiling: "Tiling", T: int, args: list, traced: bool,
+                     meta: dict | None = None, **constexprs) -> None:
         """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles and T
-        steps. Its tile is the block of a launch over the same neurons (not autotuned). ``traced``:
-        see :meth:`Plan.launch`."""
-        config = self.config(tiling.rows * tiling.period, T, launch_settings())
+        steps. Its tile is the block of a launch over the same neurons (not autotuned), or of ``meta``
+        (the time-parallel kernel's). ``traced``: see :meth:`Plan.launch`."""
+        config = dict(meta) if meta else self.config(tiling.rows * tiling.period, T, launch_settings())
         del config["_BLOCK"]
         kernel = getattr(self.module, kernel_name(self.name, variant))
         (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
@@ -190,10 +208,11 @@ class Kernels:
         block = 64 if autotuned else self.config(n, 1, launch_settings())["_BLOCK"]  # autotuning: the smallest
         return _cdiv(n, block)
 
-    def tiling(self, n: int, period: int) -> "Tiling":
+    def tiling(self, n: int, period: int, block: int = 0) -> "Tiling":
         """The tiles of the tiled backward over n neurons seen as rows of ``period``: as many rows per tile
-        as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n."""
-        block = self.config(n, 1, launch_settings())["_BLOCK"]
+        as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n
+        (or ``block``)."""
+        block = block or self.config(n, 1, launch_settings())["_BLOCK"]
         rows = n // period
         tile_rows = min(1 << (rows - 1).bit_length(), max(block // MIN_COLS, 1))
         return Tiling(period, rows, tile_rows, block // tile_rows)
@@ -244,17 +263,22 @@ class Plan:
         self.kept_inputs = kept_inputs(info)
         self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
-        self.autotuned = settings.autotune and not kernels.interpret
-        self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, v)) for v in VARIANTS}
+        scans = kernels.scans if settings.time_parallel else ()
+        self.autotuned = settings.autotune and not kernels.interpret and not scans
+        self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, scan_variant(v) if v in scans else v))
+                        for v in VARIANTS}
         if self.autotuned:
             self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
             self.block = 64  # a lower bound on the block size autotuning picks
             meta: dict = {"_STAGES": settings.stages or 2, "_TC": kernels.config(self.n, self.T, settings)["_TC"]}
             self.grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
         else:
-            meta = kernels.config(self.n, self.T, settings)
+            meta = kernels.scan_config(self.n) if scans else kernels.config(self.n, self.T, settings)
             self.block = meta["_BLOCK"]
             self.grid = (_cdiv(self.n, self.block),)
+        # the tiled backward's kernel, and its launch meta-parameters (None: the sequential kernel's own)
+        self.tiled_variant, self.tiled_meta = (scan_variant("backward"), meta) if "backward" in scans else \
+            ("backward", None)
         direct = kernels.device_type == "cuda" and not self.autotuned and not kernels.interpret
         self.launchers = {v: DirectLaunch(k, self.grid) if direct else _jit_launch(k[self.grid])
                           for v, k in self.kernels.items()}
@@ -264,7 +288,9 @@ class Plan:
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
         self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
-        carry = {"_CARRY_SUMS": False} if info.param_names else {}  # (a backward with learnable parameters)
+        # a sequential backward with learnable parameters can carry its running sums across launches (recompute)
+        self.carries = bool(info.param_names) and "backward" not in scans
+        carry = {"_CARRY_SUMS": False} if self.carries else {}
         self.backward_flags = {
             flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2],
                     **carry}
@@ -529,7 +555,8 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         if params is not None or shaped:
             args += _param_args(params, shaped, layout)
         if plan.tiled:
-            tiling = plan.source.tiling(n, shaped_period(layout))
+            tiling = plan.source.tiling(n, shaped_period(layout),
+                                        plan.tiled_meta["_BLOCK"] if plan.tiled_meta else 0)
             partial = params.new_zeros((tiling.programs, params.shape[0])) if params is not None else None
             partials = {}  # learnable shaped parameter k -> partial sums [row tiles, segments, split]
             for k, (values, grad) in enumerate(zip(shaped, learnable)):
@@ -537,19 +564,21 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
                     partials[k] = values.new_zeros(tiling.partial_shape(layout[2 * k]))
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
-            plan.source.launch_tiled("backward", tiling, T, args + [like if sums is None else sums, *_seed_arg(seed), T, n,
-                                                                    tiling.period], traced,
+            args += ([like if sums is None else sums] if plan.carries else []) + _seed_arg(seed)
+            plan.source.launch_tiled(plan.tiled_variant, tiling, T, args + [T, n, tiling.period], traced,
+                                     plan.tiled_meta,
                                      _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
                                      _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads,
-                                     _CARRY_SUMS=sums is not None)
+                                     **({"_CARRY_SUMS": sums is not None} if plan.carries else {}))
             programs = tiling.programs
             grad_shaped = [_shaped_gradient(partials[k], v.numel()) if k in partials else None
                            for k, v in enumerate(shaped)]
         else:
             partial = params.new_zeros((plan.programs, params.shape[0])) if params is not None else None
             flags = plan.carrying_flags if sums is not None else plan.backward_flags
-            programs = plan.launch("backward", args + ([partial, like if sums is None else sums]
-                                                       if partial is not None else []) + _seed_arg(seed),
+            carried = [like if sums is None else sums] if plan.carries else []
+            programs = plan.launch("backward", args + ([partial, *carried] if partial is not None else []) +
+                                   _seed_arg(seed),
                                    flags[grad_seqs is not None, grad_finals is not None, init_grads], traced)
             grad_shaped = [None] * len(shaped)
         if partial is not None:  # only the rows this launch wrote (autotuning tries other block sizes)
@@ -596,7 +625,7 @@ def _chunk_plans(plan: Plan, chunk: int, dtype: torch.dtype) -> list[tuple[int, 
     """The plan of each chunk of ``chunk`` steps of a call of ``plan`` (the last one shorter where
     ``chunk`` does not divide T), with its first step. Never autotuned: autotuning runs a kernel several
     times, which would add the running sums that the backward carries (``_CARRY_SUMS``) more than once."""
-    settings = launch_settings()._replace(autotune=False)
+    settings = launch_settings()._replace(autotune=False, time_parallel=False)  # (the kernels that carry sums)
     return [(t0, plan.source.plan(torch.Size((min(chunk, plan.T - t0), *plan.step)), dtype, settings))
             for t0 in range(0, plan.T, chunk)]
 

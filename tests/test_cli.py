@@ -165,7 +165,7 @@ def test_build_and_check_of_missing_things(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "nope.yaml does not exist" in err and "0 built, 1 failed" in err
     assert not (tmp_path / "out").exists()
-    assert main(["check", str(NEURONS / "lfi.yaml")]) == 1
+    assert main(["check", str(NEURONS / "liff.yaml")]) == 1
     assert f"hint: did you mean {NEURONS / 'lif.yaml'}?" in capsys.readouterr().err
     assert main(["check", str(NEURONS / "lif.yaml"), "--param", "tau"]) == 1
     assert "is not NAME=NUMBER" in capsys.readouterr().err

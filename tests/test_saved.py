@@ -27,6 +27,7 @@ RECORDED = {
     "izhikevich": (("v", "s__u"), ("s",)),
     "klif": (("charged",), ("h", "s__u", "s")),
     "leaky": (("mem", "mem__next"), ("b", "spk__u")),
+    "li": (("v", "i_jump"), ()),
     "lif": (("h",), ("s__u", "s")),
     "lif_hetero": (("x", "v"), ("alpha", "h", "s__u", "s")),  # (added with it: the exhaustive search's choice)
     "lif_soft": (("s__u",), ()),

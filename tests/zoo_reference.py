@@ -372,6 +372,14 @@ def _step_leaky(i, st, p):
     return {"spk": spk, "mem": mem_new}, {"mem": mem_new}
 
 
+# --- li: Norse LICell (li_feed_forward_step): no spike, no reset -------------
+def _step_li(i, st, p):
+    i_jump = st["i"] + i["x"]
+    v_new = st["v"] + p["dt"] * p["tau_mem_inv"] * ((p["v_leak"] - st["v"]) + i_jump)
+    i_new = i_jump - p["dt"] * p["tau_syn_inv"] * i_jump
+    return {"v": v_new}, {"v": v_new, "i": i_new}
+
+
 # --- lif_ct: tau v' = -(v - v_rest) + R I, exact over dt with I held ------
 #   v(t + dt) = v_inf + (v(t) - v_inf) e^{-dt/tau}, v_inf = v_rest + R I
 def _step_lif_ct(i, st, p):
@@ -639,6 +647,13 @@ _add(Reference(
 ))
 
 
+_add(Reference(
+    name="li", model="Norse LICell (li_feed_forward_step, default LIParameters, dt = 1 ms)",
+    inputs=("x",), state_init={"v": _const(0.0), "i": _const(0.0)},
+    outputs=("v",), spike_outputs=(),
+    params={"tau_syn_inv": 200.0, "tau_mem_inv": 100.0, "v_leak": 0.0, "dt": 0.001}, learnable=("tau_mem_inv",),
+    surrogate="sigmoid(alpha=4)", step=_step_li,
+))
 _add(Reference(
     name="lif_ct", model="LIF ODE (Neuronal Dynamics eq. 1.5), exact propagator",
     inputs=("I",), state_init={"v": _param("v_rest")},
