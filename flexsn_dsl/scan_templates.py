@@ -28,7 +28,6 @@ from .templates import (BLOCK_SIZES, I1, I2, TILE_SIZES, _backward_names, _head,
                         _params_load, _seed_args, _seed_load, _shaped_grads, _tile_head)
 
 I3 = I2 + I1
-TILE = ", _TC: tl.constexpr"
 
 
 def _compose_source(name: str, pattern: tuple[tuple[int, int], ...], k: int, what: str) -> str:
@@ -54,7 +53,7 @@ def _signature(cores: Cores, variant: str, groups: list[tuple[list[str], str]], 
                sizes: str = BLOCK_SIZES) -> list[str]:
     lines = ["@triton.jit", f"def {identifier(kernel_name(cores.info.neuron, scan_variant(variant)))}("]
     lines += [f"{I1}{', '.join(args)},  # {comment}" for args, comment in groups if args]
-    return lines + [f"{I1}_T, {sizes}{flags}{TILE},", "):"]
+    return lines + [f"{I1}_T, {sizes}{flags},", "):"]  # (the sizes hold the tile of steps, _TC)
 
 
 class _Layout(NamedTuple):

@@ -144,7 +144,8 @@ def _draws(info: FlexSNInfo, names, step: str, flat: bool) -> list[str]:
             kind, k = draw_parts(name)
             lines.append(f"_d0, _d1, _d2, _d3 = tl.{kind}4x(_seed_value, ((_step0 + {step}) * {info.draw_count} + "
                          f"{k}) * _calls + _groups)")
-            picked = "tl.reshape(tl.join(tl.join(_d0, _d1), tl.join(_d2, _d3)), [_BLOCK])" if flat else \
+            # (join adds its axis last: [i, j, m] = (first if m == 0 else second)[i, j], so numbers 0 1 2 3 in order)
+            picked = "tl.reshape(tl.join(tl.join(_d0, _d2), tl.join(_d1, _d3)), [_BLOCK])" if flat else \
                 "tl.where(_lanes == 0, _d0, tl.where(_lanes == 1, _d1, tl.where(_lanes == 2, _d2, _d3)))"
             lines.append(f"{name} = {picked}.to(_DTYPE)")
     return lines

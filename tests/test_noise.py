@@ -467,3 +467,38 @@ def test_recompute_sees_the_same_draws(backend):
         runs.append((s, n, u, x.grad, m.sigma.grad, m.p.grad))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+SHAPED_NOISY = """
+neuron: shaped_noisy
+inputs: [x]
+parameters:
+  tau: {value: 2.0, shape: [N], learnable: true}
+  sigma: 0.4
+states: {v: 0.0}
+step:
+  n: randn()
+  h: v + (x - v) / tau + sigma * n
+  s: spike(h - 1.0)
+  v: h * (1 - s)
+outputs: [s, n]
+"""
+
+
+def test_every_kernel_layout_draws_the_same_numbers():
+    """A learnable per-neuron parameter makes the backward tiled (each element picks its own number of its Philox
+    call) while the forward draws a block's calls once and interleaves them: the backward still sees the forward's
+    numbers, element by element."""
+    noisy = flexsn_dsl.loads(SHAPED_NOISY, backend="triton", sizes={"N": 37}).double()
+    fed = flexsn_dsl.loads(SHAPED_NOISY.replace("  n: randn()\n", "").replace("inputs: [x]", "inputs: [x, n]")
+                           .replace("outputs: [s, n]", "outputs: [s]"), backend="torch", sizes={"N": 37}).double()
+    torch.manual_seed(0)
+    x = (torch.rand(9, 3, 37, dtype=torch.float64) * 1.5).requires_grad_()
+    s, n = noisy(x)
+    s.sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    s2 = fed(x2, n.detach())
+    s2.sum().backward()
+    assert torch.equal(s, s2)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(noisy.tau.grad, fed.tau.grad, rtol=1e-10, atol=1e-12)
