@@ -26,7 +26,7 @@ MODULE_ATTRIBUTES = frozenset({
     "compile", "cpu", "cuda", "detach", "double", "dump_patches", "eval", "extra_repr", "float", "forward",
     "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half", "info", "ipu", "load_state_dict",
     "modules", "mtia", "named_buffers", "named_children", "named_modules", "named_parameters", "parameter_texts",
-    "parameters",
+    "parameters", "recompute",
     "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
     "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
     "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
