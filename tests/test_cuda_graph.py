@@ -117,7 +117,7 @@ def test_a_captured_noisy_step_draws_fresh_numbers_at_each_replay_and_its_backwa
         draws.append(n.clone())
         grads.append(m.sigma.grad.clone())
     assert not torch.equal(draws[0], draws[1]) and abs(draws[0].std().item() - 1) < 0.05
-    fed = flexsn_dsl.loads(NOISY.replace("n: randn()\n", "").replace("inputs: [x]", "inputs: [x, n]")
+    fed = flexsn_dsl.loads(NOISY.replace("  n: randn()\n", "").replace("inputs: [x]", "inputs: [x, n]")
                            .replace("outputs: [s, n]", "outputs: [s]"), backend="torch").cuda()
     fed(x.detach(), draws[1]).sum().backward()
     torch.testing.assert_close(grads[1], fed.sigma.grad, rtol=1e-4, atol=1e-4)

@@ -423,7 +423,7 @@ def test_a_random_refractory_period_is_drawn_at_each_spike(backend):
     s = m(torch.full((300, 400), 5.0)).cpu()
     intervals = torch.cat([torch.diff(torch.nonzero(s[:, j])[:, 0]) for j in range(s.shape[1])])
     share = torch.bincount(intervals, minlength=5)[1:].double() / len(intervals)
-    expected = torch.tensor([1 / 6, 1 / 3, 1 / 3, 1 / 6], dtype=torch.float64)
+    expected = torch.tensor([1 / 6, 1 / 3, 1 / 3, 1 / 6], dtype=torch.float64, device="cpu")
     assert torch.all((share - expected).abs() < 4 * torch.sqrt(expected * (1 - expected) / len(intervals)))
 
 

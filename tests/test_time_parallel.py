@@ -154,7 +154,7 @@ def _run(text: str, parallel: bool, monkeypatch, steps: list[int], shape: tuple[
     monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1" if parallel else "0")
     torch.manual_seed(0)  # the calls' seeds of a spec that draws random numbers
     m = _module(text, store_state_seqs=seqs, **({"sizes": sizes} if sizes else {}))
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(1)  # (CUDA on a GPU machine)
     names = m.spec.inputs
     xs = [[(torch.rand((T, *shape), generator=gen, dtype=torch.float64) * 2).requires_grad_(grad) for _ in names]
           for T in steps]
@@ -327,7 +327,7 @@ def test_float32_is_close_to_the_sequential_kernels(monkeypatch):
     for parallel in (True, False):
         monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1" if parallel else "0")
         m = flexsn_dsl.loads(CUBA, backend="triton")
-        x = torch.rand(3 * TILE + 2, 5, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        x = torch.rand(3 * TILE + 2, 5, generator=torch.Generator(torch.get_default_device()).manual_seed(0)).requires_grad_()
         v, _ = m(x, x.detach())
         v.sum().backward()
         results.append((v.detach(), x.grad))
