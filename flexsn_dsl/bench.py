@@ -621,7 +621,8 @@ def check_arguments(args) -> list:
 
 def main(args) -> int:
     import torch
-    import triton
+
+    from .triton_runtime import triton  # (Triton imported after the interpreter's switch, where there is no GPU)
     existing = check_arguments(args)
     results = run_bench(args)
     if args.json:

@@ -27,6 +27,7 @@ from .version import __version__
 from .codegen_torch import torch_source
 from .codegen_triton import Cores, build_cores
 from .errors import PluginError, SpecError
+from .interpreter import use_interpreter_without_gpu
 from .ir import StepIR, build_ir, resolve_params
 from .literals import identifier
 from .model import RESERVED_NAMES, NeuronModel, build_model, read_model
@@ -292,6 +293,7 @@ class Compiled:
                     except OSError as exc:
                         warnings.warn(f"flexsn-dsl: cannot write the kernel cache file {str(path)!r} "
                                       f"({exc.strerror or exc}); the kernels run from memory", stacklevel=3)
+                use_interpreter_without_gpu()  # (before the module imports Triton)
                 import_source(name, text, f"<flexsn-dsl kernels {path}>")
             return sys.modules[name]
 

@@ -12,15 +12,14 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    # No GPU: run generated kernels through Triton's interpreter. Set before the first
-    # `import triton` (older Triton versions read it only then).
-    os.environ["TRITON_INTERPRET"] = "1"
+from .interpreter import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()  # (no GPU: the generated kernels run in Triton's interpreter)
 
 import triton  # noqa: E402
 from torch.library import wrap_triton  # noqa: E402
 
-from .compiler import Compiled
+from .compiler import Compiled  # noqa: E402
 from .names import CORES, VARIANTS, core_name, kernel_name, scan_variant
 
 CPU_BLOCK = 1024

@@ -249,6 +249,22 @@ def test_bench_minimal_peer_computes_what_the_torch_backend_does(spec):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's own switch: only where there is no GPU")
+def test_the_bench_command_trains_on_a_cpu_in_a_fresh_process(tmp_path):
+    """`flexsn-dsl bench` switches Triton's interpreter on before Triton is imported (a process that had imported
+    it first ran the backward kernels half interpreted: "Cannot call @triton.jit'd outside of the scope")."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(FLEXSN_DSL_CACHE=str(tmp_path), PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-m", "flexsn_dsl", "bench", str(ROOT / "neurons" / "lif.yaml"), "-T", "2",
+                          "-n", "16", "--mode", "training", "--peers", "minimal"], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("lif")]
+    assert len(rows) == 2 and not any("failed" in row for row in rows), run.stdout
+
+
 def test_bench_runners_run_the_forward_only_inside_forward_in():
     """``forward_in`` (the autocast rows of benchmarks/host_cpu.py) is entered once a call, around the
     forward; the backward runs outside it, as in a training step; the gradients are those without it."""
