@@ -25,7 +25,7 @@ from .names import VARIANTS, kernel_name, scan_variant
 from .parallel import Affine
 from .printer import TRITON, Printer
 from .templates import (BLOCK_SIZES, I1, I2, TILE_SIZES, _backward_names, _head, _if, _initial_states, _param_args,
-                        _params_load, _seed_args, _seed_load, _shaped_grads, _tile_head)
+                        _params_load, _partial_grads, _seed_args, _seed_load, _tile_head)
 
 I3 = I2 + I1
 
@@ -241,12 +241,7 @@ def _backward_kernel(cores: Cores, affine: Affine) -> str:
     lines += [f"{I2}{_carry(f'{n}__grad_acc', f'{n}__grad_before')}" for n in states]
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}tl.store({n}__grad_init + _offs, {n}__grad_acc.to("
                                        f"{n}__grad_init.dtype.element_ty), mask=_mask)" for n in states])
-    # one row of scalar partial sums per program, in launch order (as the sequential backward)
-    program, total = ("(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))", "tl.sum(tl.sum({}, axis=1), axis=0)") \
-        if tiled else ("tl.program_id(0)", "tl.sum({}, axis=0)")
-    lines += [f"{I1}tl.store(_params_grad + {program} * {info.num_params} + {j}, {total.format(f'{n}__grad_sum')})"
-              for j, n in enumerate(info.scalar_params)]
-    lines += _shaped_grads(info)
+    lines += _partial_grads(info, tiled)  # (as the sequential backward)
     return "\n".join(lines) + "\n"
 
 

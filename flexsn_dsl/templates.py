@@ -151,6 +151,16 @@ def _draws(info: FlexSNInfo, names, step: str, flat: bool) -> list[str]:
     return lines
 
 
+def _partial_grads(info: FlexSNInfo, tiled: bool) -> list[str]:
+    """The end of a backward kernel: one row of scalar partial sums per program, in launch order, then the
+    shaped parameters' partial sums (a tiled backward)."""
+    program, total = ("(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))", "tl.sum(tl.sum({}, axis=1), axis=0)") \
+        if tiled else ("tl.program_id(0)", "tl.sum({}, axis=0)")
+    lines = [f"{I1}tl.store(_params_grad + {program} * {info.num_params} + {k}, {total.format(f'{n}__grad_sum')})"
+             for k, n in enumerate(info.scalar_params)]
+    return lines + _shaped_grads(info)
+
+
 def _load(ptr: str) -> str:
     return f"tl.load({ptr}, mask=_mask, other=0.0).to(_DTYPE)"
 
@@ -359,12 +369,7 @@ def _backward_kernel(cores: Cores) -> str:
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names])
     lines += _if("_CARRY_SUMS", [f"{I1}{_store(p, f'{n}__grad_sum')}" for n, p in zip(info.param_names, sums)])
-    # one row of scalar partial sums per program, in launch order
-    program, total = ("(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))", "tl.sum(tl.sum({}, axis=1), axis=0)") \
-        if tiled else ("tl.program_id(0)", "tl.sum({}, axis=0)")
-    lines += [f"{I1}tl.store(_params_grad + {program} * {info.num_params} + {k}, {total.format(f'{n}__grad_sum')})"
-              for k, n in enumerate(info.scalar_params)]
-    lines += _shaped_grads(info)
+    lines += _partial_grads(info, tiled)
     return "\n".join(lines) + "\n"
 
 
