@@ -50,6 +50,8 @@ def compile_kernel(module, variant: str, arch: int, block: int, warps: int, stag
             signature[arg], constants[arg] = "constexpr", given[arg]
         elif arg in ("_T", "_N", "_P") or arg.endswith(INTEGERS):
             signature[arg] = "i32"
+        elif arg == "_seed":  # a noisy spec's seed and first step
+            signature[arg] = "*i64"
         else:
             signature[arg] = "*fp32"
         if signature[arg] == "*fp32" or arg == "_N":

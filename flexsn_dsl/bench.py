@@ -254,17 +254,26 @@ def _runner(module, xs, mode: str, forward_in: Callable | None = None, upstream:
     return run
 
 
+def _seeded(fn: Callable, device) -> object:
+    """``fn()`` with torch's generators seeded (restored afterwards): a noisy spec's calls draw the same numbers."""
+    import torch
+    with torch.random.fork_rng([device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        return fn()
+
+
 def minimal_runner(module, xs, mode: str, forward_in: Callable | None = None) -> Callable | None:
     """The host floor: the spec's fused kernels launched by a bare autograd.Function (inference:
     a bare launch) with no checks, the launch arguments computed once for these inputs (which
     must be contiguous); a call from reset states; ``forward_in`` as for :func:`_runner`. None for
-    a spec whose kernels take more than inputs (runtime parameters, initial states that are not constants).
+    a spec whose kernels take more than inputs (runtime parameters, initial states that are not constants,
+    a seed for draws).
     ``mode`` "function": the Function's ``apply`` itself (inputs to outputs, no final states), for a network."""
     import torch
 
     from . import triton_runtime as tr
     info = module.info
-    if info.param_names or info.shaped_names or not info.initial_values:
+    if info.param_names or info.shaped_names or not info.initial_values or info.draws:
         return None
     x = xs[0]
     plan = tr._kernels(module._compiled, x.device.type).plan(x.shape, x.dtype, tr.launch_settings())
@@ -450,7 +459,7 @@ def run_bench(args) -> list[Result]:
                     if "minimal" in args.peers:
                         minimal = minimal_runner(ours, xs, mode)
                         impls.append(("minimal Function", minimal, "" if minimal else
-                                      "skipped: runtime parameters or initial states that are not constants"))
+                                      "skipped: runtime parameters, initial states that are not constants or draws"))
                     if "torch" in args.peers:
                         impls.append(("torch loop", _runner(reference, xs, mode), ""))
                     if "compile" in args.peers:
@@ -469,7 +478,8 @@ def run_bench(args) -> list[Result]:
                                 impls.append((label, _sj_runner(make(), xs, mode), ""))
                             except Exception as exc:  # not installed, or fails on this setup
                                 impls.append((label, None, f"unavailable: {type(exc).__name__}: {exc}"[:120]))
-                    expected = _runner(reference, xs, mode)() if mode == "inference" else None
+                    # (a spec with draws: the torch loop draws other numbers, no comparison)
+                    expected = _runner(reference, xs, mode)() if mode == "inference" and not info.draws else None
                     timed: list[tuple[Result, Callable]] = []
                     for label, fn, note in impls:
                         r = Result(name, label, mode, dtype_name, T, n, floor_ms=floor_ms, note=note)
@@ -482,8 +492,9 @@ def run_bench(args) -> list[Result]:
                                 r.extra["first_call_s"] = time.perf_counter() - start
                                 if expected is not None:
                                     r.max_abs_diff = _diff(got, expected)
-                                if label == "flexsn-dsl recompute":
-                                    r.max_abs_diff = _diff(got, _runner(ours, xs, mode, upstream=upstream)())
+                                if label == "flexsn-dsl recompute":  # (the same draws for both)
+                                    r.max_abs_diff = _diff(_seeded(fn, device),
+                                                           _seeded(_runner(ours, xs, mode, upstream=upstream), device))
                                 r.ms = timer(fn)
                                 # a failed capture can poison the CUDA context (seen on the H200 with
                                 # the eager torch loop and SpikingJelly in training): peers are

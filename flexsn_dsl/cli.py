@@ -242,6 +242,8 @@ def cmd_simulate(args) -> int:
     at_least("--steps", args.steps, 1)
     at_least("--neurons", args.neurons, 1)
     at_least("--seed", args.seed, 0)
+    if args.seed is not None and args.seed >= 2 ** 63:
+        raise UsageError(f"--seed {args.seed}: give a whole number below 2**63")
     arrays = [item.partition("=")[2] or item for item in args.input if item.endswith(".npy")]
     refuse_overwriting_inputs({"--csv": args.csv, "--plot": args.plot}, [args.spec, *arrays, *args.plugin])
     module = load(args.spec, params=parse_params(args.param), sizes=parse_sizes(args.size), backend="torch",

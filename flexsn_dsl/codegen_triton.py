@@ -14,17 +14,19 @@ from .autodiff import Backward, differentiate, name_spike_arguments, share_recip
 from .ir import StepIR
 from .literals import identifier, number
 from .names import CORES, core_name
+from .printer import TRITON, Printer
+from .symbolic import draw_of, real_symbol
 
 MAX_DRAWS = 1 << 16  # draws in one spec (far more than its terms allow)
 
 
 def draw_parts(name: str) -> tuple[str, int]:
-    """(kind, occurrence) of a draw's name (``rand__0``, ``randn__3``); a ValueError for any other name."""
-    kind, _, number = name.partition("__")
-    if kind not in ("rand", "randn") or not number.isdigit() or len(number) > 6:
+    """(kind, occurrence) of a draw's name (``rand__0``, ``randn__3``, below MAX_DRAWS); a ValueError for any
+    other name."""
+    parts = draw_of(real_symbol(name)) if len(name) < 16 else None
+    if parts is None or parts[1] >= MAX_DRAWS:
         raise ValueError(f"{name!r} is not the name of a draw")
-    return kind, int(number)
-from .printer import TRITON, Printer
+    return parts
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def draw_symbol(kind: str, occurrence: int) -> sympy.Symbol:
 def draw_of(symbol: sympy.Symbol) -> tuple[str, int] | None:
     """(kind, occurrence) of a draw's symbol, None for any other symbol."""
     kind, sep, number = symbol.name.partition("__")
-    return (kind, int(number)) if sep and kind in DRAW_KINDS and number.isdigit() else None
+    return (kind, int(number)) if sep and kind in DRAW_KINDS and number.isascii() and number.isdigit() else None
 
 
 def is_white_noise_name(name: str) -> bool:

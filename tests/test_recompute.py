@@ -5,7 +5,6 @@ chunk; the memory a forward pass keeps for the backward is counted, never timed.
 from __future__ import annotations
 
 import gc
-import math
 import weakref
 from pathlib import Path
 
@@ -76,7 +75,7 @@ def _compare(load, shape: tuple[int, ...], T: int, chunk: int | bool, dtype=torc
     results = []
     for recompute in (False, chunk):
         module = load(recompute).to(dtype)
-        g = torch.Generator().manual_seed(7)
+        g = torch.Generator(torch.get_default_device()).manual_seed(7)
         xs = [(torch.rand(T, *shape, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_()
               for _ in module.spec.inputs]
         states = {n: (torch.rand(shape, generator=g, dtype=torch.float64) * 0.5).to(dtype).requires_grad_()
@@ -126,7 +125,8 @@ def test_state_sequences_are_stored_and_differentiated():
     results = []
     for rc in (False, 3):
         m = flexsn_dsl.load(ROOT / "neurons" / "izhikevich.yaml", backend="triton", store_state_seqs=True, recompute=rc)
-        x = (torch.rand(8, 5, generator=torch.Generator().manual_seed(1)) * 20).requires_grad_()
+        gen = torch.Generator(torch.get_default_device()).manual_seed(1)
+        x = (torch.rand(8, 5, generator=gen) * 20).requires_grad_()
         s = m(x)
         loss = (s * 2).sum() + sum((q * 0.01).sum() for q in m.state_seqs.values())
         results.append([s.detach(), *[q.detach() for q in m.state_seqs.values()], *torch.autograd.grad(loss, [x])])
@@ -136,7 +136,7 @@ def test_state_sequences_are_stored_and_differentiated():
 def test_recurrent_spec():
     """The torch backend recomputes a recurrent spec (the same bits); the Triton backend's recurrent kernel
     refuses recompute, saying what to use instead."""
-    weight = torch.randn(6, 6, generator=torch.Generator().manual_seed(3)) * 0.3
+    weight = torch.randn(6, 6, generator=torch.Generator(torch.get_default_device()).manual_seed(3)) * 0.3
     load = lambda rc: flexsn_dsl.load(ROOT / "neurons" / "rlif.yaml", backend="torch",  # noqa: E731
                                       params={"r_weight": weight}, recompute=rc)
     _compare(load, (2, 6), 9, 4, calls=2)
@@ -198,7 +198,7 @@ def test_memory_kept_for_the_backward(backend):
     """HH over T = 40 steps in chunks of 8: a training call keeps, beside its outputs and final states,
     only its states at the chunk boundaries (the saving path keeps several values per step)."""
     T, n, chunk = 40, 64, 8
-    x = (torch.rand(T, n, generator=torch.Generator().manual_seed(0)) * 20).requires_grad_()
+    x = (torch.rand(T, n, generator=torch.Generator(torch.get_default_device()).manual_seed(0)) * 20).requires_grad_()
     kept = {}
     for rc in (False, chunk):
         m = flexsn_dsl.load(ROOT / "neurons" / "hh.yaml", backend=backend, recompute=rc)
@@ -214,11 +214,12 @@ def test_memory_kept_for_the_backward(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_steps_and_no_gradients(backend):
     """T = 0 (the states as they were, in the graph) and calls without gradients run as without recompute."""
+    expected: list[torch.Tensor] = []  # (the call without recompute's, which runs first)
     for rc in (False, 2):
         m = flexsn_dsl.load(ROOT / "neurons" / "izhikevich.yaml", backend=backend, recompute=rc)
         x = torch.rand(0, 4, requires_grad=True)
         assert m(x).shape == (0, 4)
-        x = torch.rand(5, 4, generator=torch.Generator().manual_seed(2)) * 20
+        x = torch.rand(5, 4, generator=torch.Generator(torch.get_default_device()).manual_seed(2)) * 20
         with torch.no_grad():
             y = m(x)
         if rc:
@@ -243,9 +244,10 @@ def test_bench_recompute_row(tmp_path):
 def test_strided_inputs_and_states(backend):
     """Inputs and carried initial states that are not contiguous (transposed views)."""
     results = []
+    expected: list[torch.Tensor] = []  # (the call without recompute's, which runs first)
     for rc in (False, 2):
         m = flexsn_dsl.load(ROOT / "neurons" / "izhikevich.yaml", backend=backend, recompute=rc)
-        g = torch.Generator().manual_seed(5)
+        g = torch.Generator(torch.get_default_device()).manual_seed(5)
         x = (torch.rand(4, 6, 5, generator=g) * 20).requires_grad_()
         init = {n: torch.rand(6, 5, generator=g).requires_grad_() for n in m.spec.states}
         m.states = {n: v.t() for n, v in init.items()}

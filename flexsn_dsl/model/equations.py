@@ -51,7 +51,8 @@ def read_continuous(spec: SpecContext, inputs, parameters, states, recurrent=())
         for xi in sorted(expr.free_symbols - set(env.values()), key=lambda s: s.name):
             if xi.name.endswith("__white"):
                 _additive(expr, xi, [real_symbol(n) for n in user_states], name, value)
-                noise.setdefault(xi, _noise_draw(spec))
+                if xi not in noise:  # (one draw per noise name, in every equation it is in)
+                    noise[xi] = _noise_draw(spec)
         equations[name] = Assignment(name, real_symbol(f"d{name}__dt"), expr, value.pos)
     method, method_pos = _method(spec, equations, noise)
     threshold, threshold_pos = None, None
