@@ -147,7 +147,7 @@ def test_the_backward_regenerates_the_draws_instead_of_saving_them():
 OU = """
 neuron: ou
 parameters:
-  tau: 10.0
+  tau: 1.0
   sigma: 0.5
   dt: 0.1
 states: {v: 0.0}
@@ -160,21 +160,22 @@ equations:
 def test_ornstein_uhlenbeck_statistics(backend):
     """Euler-Maruyama v' = a v + b n (a = 1 - dt/tau, b = sigma sqrt(2 dt / tau)): stationary variance
     b^2 / (1 - a^2) (sigma^2 for small dt), lag-k autocorrelation a^k, mean the drive."""
-    tau, sigma, dt = 10.0, 0.5, 0.1
+    tau, sigma, dt = 1.0, 0.5, 0.1
     a, b = 1 - dt / tau, sigma * math.sqrt(2 * dt / tau)
     var = b * b / (1 - a * a)
     m = flexsn_dsl.loads(OU, backend=backend)
     torch.manual_seed(1)
-    N, burn, T = 512, 600, 600
-    m.states = {"v": torch.randn(N) * math.sqrt(var)}  # start in the stationary law
-    v = m(torch.zeros(burn + T, N))[burn:]  # the state sequence is the output (no threshold)
+    N, T = 1024, 100  # (a correlation time of 10 steps: about 10,000 independent samples)
+    m.states = {"v": torch.randn(N) * math.sqrt(var)}  # start in the stationary law: no burn-in
+    v = m(torch.zeros(T, N))  # the state sequence is the output (no threshold)
     assert abs(v.var().item() / var - 1) < 0.05
     assert abs(v.mean().item()) < 0.03
-    for lag in (5, 20):
+    for lag in (2, 5):
         corr = (v[lag:] * v[:-lag]).mean().item() / v.var().item()
         assert abs(corr - a ** lag) < 0.04
-    drive = flexsn_dsl.loads(OU, backend=backend)
-    assert abs(drive(torch.full((2000, 64), 0.7))[1000:].mean().item() - 0.7) < 0.03
+    drive = flexsn_dsl.loads(OU, backend=backend)  # driven: the mean follows the drive
+    drive.states = {"v": 0.7 + torch.randn(N) * math.sqrt(var)}
+    assert abs(drive(torch.full((40, N), 0.7)).mean().item() - 0.7) < 0.03
 
 
 def test_white_noise_is_integrated_by_euler_maruyama():
@@ -184,7 +185,7 @@ def test_white_noise_is_integrated_by_euler_maruyama():
     line = next(ln for ln in source.splitlines() if ln.strip().startswith("v__next ="))
     # x + dt f + sqrt(dt) g n with dt = 0.1, g = sigma sqrt(2 / tau)
     v, x, n = (torch.tensor([0.3, -0.2]), torch.tensor([1.0, 0.5]), torch.tensor([0.8, -1.1]))
-    expected = v + 0.1 * (x - v) / 10 + math.sqrt(0.1) * 0.5 * math.sqrt(0.2) * n
+    expected = v + 0.1 * (x - v) / 1.0 + math.sqrt(0.1) * 0.5 * math.sqrt(2.0) * n  # tau = 1
     (s,), (nxt,) = m._compiled.torch_namespace["step"](x, v, randn__0=n)
     torch.testing.assert_close(nxt, expected)
     assert "randn__0" in line
@@ -206,10 +207,10 @@ def test_escape_noise_fires_with_its_probability(backend):
     m = flexsn_dsl.loads(ESCAPE, backend=backend)
     torch.manual_seed(2)
     drive = torch.tensor([-2.0, -0.5, 0.0, 1.0])
-    s = m(drive.repeat(4000, 128, 1))
+    s = m(drive.repeat(64, 512, 1))
     rate = s.mean(dim=(0, 1))
     p = torch.sigmoid(drive)
-    assert torch.all((rate - p).abs() < 4 * torch.sqrt(p * (1 - p) / (4000 * 128)))
+    assert torch.all((rate - p).abs() < 4 * torch.sqrt(p * (1 - p) / (64 * 512)))
 
 
 RECURRENT_NOISY = """
@@ -345,10 +346,11 @@ def test_ou_lif_follows_its_reference_on_the_numbers_it_drew(backend):
 def test_ou_lif_current_has_its_stationary_deviation(backend):
     m = flexsn_dsl.load(ROOT / "neurons" / "ou_lif.yaml", backend=backend, store_state_seqs=True)
     torch.manual_seed(6)
-    m(torch.zeros(2500, 512))
-    current = m.state_seqs["i_n"][500:]
     a = 1 - 0.1 / 5.0
     expected = 0.3 / math.sqrt(1 - 0.1 / (2 * 5.0))  # sigma, for the Euler-Maruyama recursion: b^2 / (1 - a^2)
+    m.states = {"v": torch.zeros(4096), "i_n": torch.randn(4096) * expected}  # the current's stationary law
+    m(torch.zeros(300, 4096))
+    current = m.state_seqs["i_n"]
     assert abs(current.std().item() / expected - 1) < 0.05
     lag = 50
     corr = (current[lag:] * current[:-lag]).mean().item() / current.var().item()
