@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Callable, Mapping
 
 import sympy
@@ -64,9 +65,10 @@ class StepIR:
     def fixed_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.fixed)
 
-    @property
+    @cached_property
     def used_draws(self) -> tuple[sympy.Symbol, ...]:
-        """The draws the assignments use (a pass may have dropped some), by occurrence."""
+        """The draws the assignments use (a pass may have dropped some), by occurrence; worked out once (the
+        torch backend asks at every call)."""
         used = set().union(*(e.free_symbols for _, e in self.assignments))
         return tuple(d for d in self.draws if d in used)
 

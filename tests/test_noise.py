@@ -7,6 +7,7 @@ a spec that outputs its draws shows them, and its gradients must be those of the
 numbers, which holds only if the backward regenerates exactly the forward's draws.
 """
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,20 +92,19 @@ step:
   v: h * (1 - s)
 outputs: [s, n, u]
 """
-FED = """
-neuron: fed
-inputs: [x, n, u]
-parameters:
-  tau: 2.0
-  sigma: {value: 0.4, learnable: true}
-  p: {value: 0.3, learnable: true}
-states: {v: 0.0}
-step:
-  h: v + (x - v) / tau + sigma * n
-  s: spike(h - 1.0 + p * (u - 0.5))
-  v: h * (1 - s)
-outputs: [s]
-"""
+
+
+def fed_spec(text: str) -> str:
+    """``text`` with each draw line (``n: randn()``, ``u: rand()``) turned into an input of that name, and out
+    of the outputs: the same neuron fed the numbers instead of drawing them."""
+    draws = re.findall(r"^  (\w+): randn?\(\)$", text, re.M)
+    text = re.sub(r"^  \w+: randn?\(\)\n", "", text, flags=re.M)
+    text = text.replace("inputs: [x]", f"inputs: [x, {', '.join(draws)}]")
+    return re.sub(r"^outputs: \[(.*)\]$", lambda m: "outputs: [" + ", ".join(
+        o for o in m.group(1).split(", ") if o not in draws) + "]", text, flags=re.M)
+
+
+FED = fed_spec(NOISY)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -226,18 +226,7 @@ step:
   v: h * (1 - s)
 outputs: [s, n]
 """
-RECURRENT_FED = """
-neuron: rfed
-inputs: [x, n]
-parameters: {tau: 2.0, sigma: 0.3}
-states: {v: 0.0}
-recurrent: {r: {from: s}}
-step:
-  h: v + (x + r - v) / tau + sigma * n
-  s: spike(h - 1.0)
-  v: h * (1 - s)
-outputs: [s]
-"""
+RECURRENT_FED = fed_spec(RECURRENT_NOISY)
 
 
 def test_recurrent_kernels_draw_and_regenerate_per_step():
@@ -492,8 +481,7 @@ def test_every_kernel_layout_draws_the_same_numbers():
     call) while the forward draws a block's calls once and interleaves them: the backward still sees the forward's
     numbers, element by element."""
     noisy = flexsn_dsl.loads(SHAPED_NOISY, backend="triton", sizes={"N": 37}).double()
-    fed = flexsn_dsl.loads(SHAPED_NOISY.replace("  n: randn()\n", "").replace("inputs: [x]", "inputs: [x, n]")
-                           .replace("outputs: [s, n]", "outputs: [s]"), backend="torch", sizes={"N": 37}).double()
+    fed = flexsn_dsl.loads(fed_spec(SHAPED_NOISY), backend="torch", sizes={"N": 37}).double()
     torch.manual_seed(0)
     x = (torch.rand(9, 3, 37, dtype=torch.float64) * 1.5).requires_grad_()
     s, n = noisy(x)
