@@ -11,7 +11,8 @@ time. A tile first loads every step's inputs (backward: upstream gradients and k
 tuples, in a ``tl.static_range`` loop: none of them depends on the recurrence, so ``_TC`` steps'
 loads are in flight together (and, pipelined with ``_STAGES``, the next tiles'); then it runs its
 steps in order, storing each step's results as it goes. Each step does the arithmetic of a step of
-the loop after the tiles: every ``_TC`` gives the same bits, and ``_TC = 1`` compiles to a plain
+the loop after the tiles: every ``_TC`` gives the same bits in the interpreter (compiled, the
+compiler may contract multiply-adds differently in the two loops), and ``_TC = 1`` compiles to a plain
 step-at-a-time loop (nothing is left after the tiles). Few neurons over many steps need tiles to
 keep the memory busy; with many neurons the runtime launches ``_TC = 1``. Compile time grows
 faster than ``_TC`` (Triton's coalescing pass looks at every load and store of the unrolled tile),

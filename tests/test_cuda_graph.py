@@ -114,7 +114,7 @@ def test_a_captured_noisy_step_draws_fresh_numbers_at_each_replay_and_its_backwa
     draws, grads = [], []
     for _ in range(2):
         graph.replay()
-        draws.append(n.clone())
+        draws.append(n.detach().clone())  # (n is an output of the autograd graph the replay ran)
         grads.append(m.sigma.grad.clone())
     assert not torch.equal(draws[0], draws[1]) and abs(draws[0].std().item() - 1) < 0.05
     fed = flexsn_dsl.loads(NOISY.replace("  n: randn()\n", "").replace("inputs: [x]", "inputs: [x, n]")

@@ -1,7 +1,9 @@
 """recompute=True (issue 27): a training call keeps its outputs and the states at the start of every chunk of
 steps; the backward computes each chunk's states again. Outputs, final states and every gradient are the
-bits of the saving path, on both backends (Triton through its interpreter on the CPU), whatever T and the
-chunk; the memory a forward pass keeps for the backward is counted, never timed."""
+bits of the saving path, whatever T and the chunk: on the torch backend, and on Triton's interpreter (the CPU).
+Triton's compiled kernels (a GPU) agree to rounding: the compiler contracts multiply-adds differently in the
+inference and training kernels, by time tile and for a launch of one step. The memory a forward pass keeps for
+the backward is counted, never timed."""
 from __future__ import annotations
 
 import gc
@@ -42,14 +44,24 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
 
 
-def _assert_same_bits(a: list, b: list, what: str) -> None:
+# Triton's compiled kernels (the GPU) round some steps differently in a chunked launch (see above)
+COMPILED = torch.get_default_device().type == "cuda"
+ROUNDING = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3}  # relative and absolute, compiled
+
+
+def _assert_same_bits(a: list, b: list, what: str, exact: bool = True) -> None:
+    """The same bits, or (``exact`` False) equal to the rounding of the dtype's compiled arithmetic."""
     assert len(a) == len(b), what
     for k, (x, y) in enumerate(zip(a, b)):
         if x is None or y is None:
             assert x is None and y is None, f"{what}[{k}]"
             continue
         assert x.shape == y.shape and x.dtype == y.dtype, f"{what}[{k}]"
-        assert torch.equal(_bits(x), _bits(y)), f"{what}[{k}]: max diff {(x.double() - y.double()).abs().max()}"
+        if exact:
+            assert torch.equal(_bits(x), _bits(y)), f"{what}[{k}]: max diff {(x.double() - y.double()).abs().max()}"
+        else:
+            tol = ROUNDING[x.dtype]
+            torch.testing.assert_close(x, y, rtol=tol, atol=tol, msg=lambda m: f"{what}[{k}]: {m}")
 
 
 def _train(module: flexsn_dsl.FlexSN, xs: list[torch.Tensor], calls: int = 1, init: dict | None = None):
@@ -71,10 +83,12 @@ def _train(module: flexsn_dsl.FlexSN, xs: list[torch.Tensor], calls: int = 1, in
 
 def _compare(load, shape: tuple[int, ...], T: int, chunk: int | bool, dtype=torch.float32, calls: int = 1,
              init: bool = False, scale: float = 3.0):
-    """The saving path and recompute on the same inputs: the same bits everywhere."""
+    """The saving path and recompute on the same inputs: the same bits everywhere (to rounding on compiled
+    Triton kernels)."""
     results = []
     for recompute in (False, chunk):
         module = load(recompute).to(dtype)
+        exact = not (COMPILED and module.backend == "triton")
         g = torch.Generator(torch.get_default_device()).manual_seed(7)
         xs = [(torch.rand(T, *shape, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_()
               for _ in module.spec.inputs]
@@ -83,9 +97,9 @@ def _compare(load, shape: tuple[int, ...], T: int, chunk: int | bool, dtype=torc
         results.append(_train(module, xs, calls, states))
     (outs, finals, grads), (outs_r, finals_r, grads_r) = results
     assert any(bool(g.abs().sum() > 0) for g in grads if g is not None)  # gradients that say something
-    _assert_same_bits(outs, outs_r, "outputs")
-    _assert_same_bits(finals, finals_r, "final states")
-    _assert_same_bits(grads, grads_r, "gradients")
+    _assert_same_bits(outs, outs_r, "outputs", exact)
+    _assert_same_bits(finals, finals_r, "final states", exact)
+    _assert_same_bits(grads, grads_r, "gradients", exact)
     return outs
 
 
@@ -130,7 +144,7 @@ def test_state_sequences_are_stored_and_differentiated():
         s = m(x)
         loss = (s * 2).sum() + sum((q * 0.01).sum() for q in m.state_seqs.values())
         results.append([s.detach(), *[q.detach() for q in m.state_seqs.values()], *torch.autograd.grad(loss, [x])])
-    _assert_same_bits(results[0], results[1], "izhikevich")
+    _assert_same_bits(results[0], results[1], "izhikevich", not COMPILED)
 
 
 def test_recurrent_spec():
@@ -223,12 +237,13 @@ def test_no_steps_and_no_gradients(backend):
         with torch.no_grad():
             y = m(x)
         if rc:
-            _assert_same_bits([y, *m.states.values()], expected, "no_grad")
+            _assert_same_bits([y, *m.states.values()], expected, "no_grad", backend == "torch" or not COMPILED)
         expected = [y, *m.states.values()]
 
 
 def test_bench_recompute_row(tmp_path):
-    """bench --recompute: a training row of its own, whose gradients are the saving path's (diff 0)."""
+    """bench --recompute: a training row of its own, whose gradients are the saving path's (diff 0; to
+    rounding on compiled kernels)."""
     import json
 
     from flexsn_dsl.cli import main
@@ -237,7 +252,8 @@ def test_bench_recompute_row(tmp_path):
                  "--peers", "--recompute", "--json", str(out)]) == 0
     rows = {r["impl"]: r for r in json.loads(out.read_text())[-1]["results"]}
     assert set(rows) == {"flexsn-dsl", "flexsn-dsl recompute"}
-    assert rows["flexsn-dsl recompute"]["max_abs_diff"] == 0.0 and rows["flexsn-dsl recompute"]["ms"] > 0
+    assert rows["flexsn-dsl recompute"]["max_abs_diff"] <= (ROUNDING[torch.float32] if COMPILED else 0.0)
+    assert rows["flexsn-dsl recompute"]["ms"] > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -255,4 +271,4 @@ def test_strided_inputs_and_states(backend):
         results.append([y.detach(), *torch.autograd.grad((y * torch.arange(y.numel()).view_as(y)).sum()
                                                            + sum(v.sum() for v in m.states.values()),
                                                            [x, *init.values()])])
-    _assert_same_bits(results[0], results[1], "strided")
+    _assert_same_bits(results[0], results[1], "strided", backend == "torch" or not COMPILED)

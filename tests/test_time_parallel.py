@@ -258,7 +258,7 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     def kernels(text: str, setting: str, **sizes) -> dict[str, str]:
         monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", setting)
         compiled = compile_spec(text=text)
-        kernels = triton_runtime._kernels(compiled, "cpu")
+        kernels = triton_runtime._kernels(compiled, torch.get_default_device().type)
         plan = kernels.plan(torch.Size([4, 6]), torch.float64, triton_runtime.launch_settings())
         names = {getattr(kernels.module, n): n for n in dir(kernels.module) if n.endswith("_kernel")}
         return {v: names[k] for v, k in plan.kernels.items()}
@@ -267,7 +267,7 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     assert kernels(LI, "0") == {v: kernel_name("li", v) for v in scan}
     assert kernels((ROOT / "neurons" / "lif.yaml").read_text(), "1") == {v: kernel_name("lif", v) for v in scan}
     monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1")
-    tiled = triton_runtime._kernels(compile_spec(text=SHAPED), "cpu")  # a learnable shaped parameter: tiles
+    tiled = triton_runtime._kernels(compile_spec(text=SHAPED), torch.get_default_device().type)  # a learnable shaped parameter: tiles
     plan = tiled.plan(torch.Size([4, 2, 3]), torch.float64, triton_runtime.launch_settings())
     assert plan.tiled and plan.tiled_variant == scan_variant("backward") and plan.tiled_meta["_TC"] == TILE
 
