@@ -269,7 +269,7 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1")
     tiled = triton_runtime._kernels(compile_spec(text=SHAPED), torch.get_default_device().type)  # a learnable shaped parameter: tiles
     plan = tiled.plan(torch.Size([4, 2, 3]), torch.float64, triton_runtime.launch_settings())
-    assert plan.tiled and plan.tiled_variant == scan_variant("backward") and plan.tiled_meta["_TC"] == TILE
+    assert plan.tiled and plan.tiled_variant == scan_variant("backward") and plan.tiled_meta == tiled.scan_config(plan.n)
 
 
 @pytest.mark.parametrize("steps", [[1], [TILE - 3], [TILE], [2 * TILE + 5], [TILE + 1, 3]])
