@@ -46,8 +46,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 # Triton's compiled kernels (the GPU) round some steps differently in a chunked launch (see above)
 COMPILED = torch.get_default_device().type == "cuda"
-# relative and absolute, compiled: a last-bit difference grows over steps (HH: 3e-5 after two calls of 6 steps)
-ROUNDING = {torch.float64: 1e-12, torch.float32: 1e-4, torch.float16: 2e-3}
+# relative and absolute, compiled: a last-bit difference grows through the dynamics (HH, two calls of 6 steps
+# in chunks of one step, on an H200: outputs within 3e-5, gradients within 6e-4)
+ROUNDING = {torch.float64: 1e-12, torch.float32: 1e-3, torch.float16: 2e-3}
 
 
 def _assert_same_bits(a: list, b: list, what: str, exact: bool = True) -> None:
