@@ -10,10 +10,13 @@
 #            first calls
 #   specs    benchmarks/ct_bench.py, shaped_bench.py and recurrent_bench.py
 #   network  benchmarks/network.py (3 rounds) and examples/ddp.py (DDP/FSDP, one process, NCCL)
+#   long     issue 27: `flexsn-dsl bench --long`, the time-parallel scan (scan_bench.py), HH with --recompute, and
+#            the Open Neuromorphic workload with its peers (open_neuromorphic.py)
 # Results go to $OUT (default benchmarks/results) as DEVICE-WHAT-YYYY-MM-DD[-LABEL].{log,json}, WHAT one of
-# conformance, bench, ct, shaped, recurrent, network, ddp; DEVICE defaults to the GPU's model (h200), LABEL
+# conformance, bench, ct, shaped, recurrent, network, ddp, long, scan, on; DEVICE defaults to the GPU's model (h200), LABEL
 # (e.g. LABEL=before) is empty unless set. Wheels in .whl/ (SpikingJelly, snnTorch: the peers) are installed
-# to a private folder first, for machines that reach no package index.
+# to a private folder first, for machines that reach no package index (for `long`, also the Open Neuromorphic
+# peers: sinabs with pbr, rockpool, spikingjelly with loguru).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -72,11 +75,19 @@ network() {
   run ddp 150 "${ddp[@]}" --engine ddp --compile --steps 20
 }
 
+long() {
+  local B=(python3 -m flexsn_dsl bench --json "$(stem long).json")
+  run long 300 "${B[@]}" neurons/lif.yaml --long --peers minimal spikingjelly
+  run long 120 "${B[@]}" neurons/hh.yaml -T 1024 -n 1048576 --mode training --peers minimal --recompute
+  run scan 150 python3 benchmarks/scan_bench.py
+  run on 400 python3 benchmarks/open_neuromorphic.py -n 512 4096 16384 --json "$(stem on).json"
+}
+
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(check table)
 for m in "${modes[@]}"; do
   case "$m" in
-    check|table|specs|network) ;;
-    *) echo "gpu_session.sh: unknown mode '$m' (check, table, specs, network)" >&2; exit 2 ;;
+    check|table|specs|network|long) ;;
+    *) echo "gpu_session.sh: unknown mode '$m' (check, table, specs, network, long)" >&2; exit 2 ;;
   esac
 done
 for m in "${modes[@]}"; do
@@ -86,6 +97,7 @@ for m in "${modes[@]}"; do
     specs)
       for b in ct shaped recurrent; do run $b 180 python3 benchmarks/${b}_bench.py --json "$(stem $b).json"; done ;;
     network) network ;;
+    long) long ;;
   esac
 done
 if [ ${#failed[@]} -gt 0 ]; then printf 'failed or timed out: %s\n' "${failed[@]}" >&2; exit 1; fi
