@@ -18,8 +18,9 @@ Method: forward = median of ``triton.testing.do_bench`` over forward calls (auto
 training); training = the same over forward + backward calls (gradients set to None first); backward = their
 difference; peak = ``torch.cuda.max_memory_allocated`` over one forward + backward, beyond what was allocated
 before it (the model and its input). ``neuron`` = a variant's training time less ``linear``'s. Before timing,
-``ours`` is checked against a hand-written torch loop of the same LIF on the same weights (outputs and the
-weight gradient): the ``check`` column.
+``ours`` is checked against a hand-written torch loop of the same LIF on the same weights (the fraction of
+spikes that differ, and the weight gradient): the ``check`` field. ``linear`` and ours never skip: their
+failure is an error.
 
 Usage: ``python benchmarks/open_neuromorphic.py [-n 512 4096 16384] [--variants ...] [--json FILE]``;
 ``--device cpu --quick`` runs tiny shapes on the CPU (a smoke test, no numbers to keep).
@@ -42,6 +43,7 @@ from torch_cpu import hand_lif  # (benchmarks/ is on sys.path when run)
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("linear", "ours", "ours-recompute", "sj", "snntorch", "norse", "sinabs",
             "sinabs-exodus", "rockpool", "rockpool-exodus")
+OURS = ("linear", "ours", "ours-recompute")  # never skipped: a failure of these is an error
 BATCH_FIRST = {"sinabs", "sinabs-exodus", "rockpool", "rockpool-exodus"}  # their input is [B, T, n]
 
 
@@ -133,10 +135,10 @@ def build(variant: str, n: int, device: str) -> Layer:
     return Layer(n, neuron, first, reset).to(device)
 
 
-def check_ours(n: int, T: int, B: int, device: str) -> float:
+def check_ours(n: int, T: int, B: int, device: str) -> dict:
     """ours against a hand-written torch loop of the same LIF (``benchmarks/torch_cpu.py``'s ``hand_lif``) on
-    the same weights and input: the largest difference of the spikes and of the weight gradient, relative to
-    the loop's largest gradient."""
+    the same weights and input: the fraction of spikes that differ (a GPU's rounding can move a membrane
+    across the threshold), and the largest difference of the weight gradient relative to its largest value."""
     gen = torch.Generator().manual_seed(1)
     x = (torch.randn(T, B, n, generator=gen) + 0.5).to(device)
     results = []
@@ -146,8 +148,8 @@ def check_ours(n: int, T: int, B: int, device: str) -> float:
         y.sum().backward()
         results.append((y.detach(), layer.fc.weight.grad))
     (y0, g0), (y1, g1) = results
-    scale = float(g1.abs().max()) or 1.0
-    return max(float((y0 - y1).abs().max()), float((g0 - g1).abs().max()) / scale)
+    return {"spikes_differing": float((y0 != y1).double().mean()),
+            "weight_grad": float((g0 - g1).abs().max() / g1.abs().max().clamp_min(1e-30))}
 
 
 def measure(variant: str, n: int, args) -> dict:
@@ -170,7 +172,9 @@ def measure(variant: str, n: int, args) -> dict:
         row["forward_ms"], row["training_ms"] = timer(forward), timer(train)
         row["backward_ms"] = row["training_ms"] - row["forward_ms"]
         row["peak_mib"] = _peak(device, train)  # (None off CUDA)
-    except Exception as exc:  # a peer that is missing or fails here: its row says so
+    except Exception as exc:  # a peer that is missing or fails here: its row says so (ours: an error)
+        if variant in OURS:
+            raise
         row["skipped"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
     return row
 
@@ -211,7 +215,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     for n in args.n:
         check = check_ours(n, min(args.T, 64), args.B, args.device) if "ours" in args.variants else None
         if check is not None:
-            print(f"n={n:<6d} check: ours against a torch loop of the same LIF, largest difference {check:.1e}")
+            print(f"n={n:<6d} check against a torch loop of the same LIF: {check['spikes_differing']:.1e} of the "
+                  f"spikes differ, the weight gradient within {check['weight_grad']:.1e}")
         linear_ms = None
         for variant in args.variants:
             row = measure(variant, n, args)
