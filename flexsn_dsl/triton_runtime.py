@@ -35,6 +35,9 @@ TILE_CODE = 10_000  # characters of core source a built-in tile unrolls at most:
 # pipelined 2 deep; minutes for HH's)
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
 RECURRENT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot's input_precision for float32; the first is the default
+# Triton's compile options, passed at every launch: fused multiply-adds, Triton's default until 3.9 (3.10 makes
+# them opt-in; without them HH and AdEx run 1.2x slower on an H200, BENCHMARKS.md)
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 class LaunchSettings(NamedTuple):
@@ -199,7 +202,8 @@ class Kernels:
         del config["_BLOCK"]
         kernel = getattr(self.module, kernel_name(self.name, variant))
         (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
-                                                                 _COLS=tiling.tile_cols, **config, **constexprs)
+                                                                 _COLS=tiling.tile_cols, **config, **constexprs,
+                                                                 **COMPILE_OPTIONS)
 
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
@@ -283,7 +287,7 @@ class Plan:
                           for v, k in self.kernels.items()}
         self.programs = _cdiv(self.n, self.block)  # the programs of a launch (an upper bound when autotuning)
         # the keyword arguments of each launch: meta-parameters and constexpr flags
-        base = {**meta, "_DTYPE": _compute_dtype(dtype)}
+        base = {**meta, **COMPILE_OPTIONS, "_DTYPE": _compute_dtype(dtype)}
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
         self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
