@@ -1,7 +1,8 @@
 """Time-parallel kernels (issue 27): the analysis of which steps are affine in their states, and
 the scan kernels against the sequential ones (``FLEXSN_DSL_TIME_PARALLEL=0``), run through
 Triton's interpreter in float64: outputs, final states and state sequences, and the gradients of
-inputs, initial states and parameters, equal to 1e-9 relative (the scan reorders the arithmetic)."""
+inputs, initial states and parameters, equal to 1e-9 relative (the scan reorders the arithmetic); also
+with T split into chunks of steps (``FLEXSN_DSL_SCAN_CHUNK``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -333,3 +334,43 @@ def test_float32_is_close_to_the_sequential_kernels(monkeypatch):
         results.append((v.detach(), x.grad))
     for scan, sequential in zip(*results):
         assert _relative(scan, sequential) < 1e-5
+
+
+# -- chunks of steps ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [1, 5, TILE, 2 * TILE + 3])
+def test_chunked_calls_equal_the_sequential_kernels(chunk, monkeypatch):
+    """T split into chunks (a program for each block of neurons and chunk: each chunk's map, the states at
+    the chunks' boundaries, then every chunk from its states; the backward from the last chunk): chunks of
+    one step, chunks across tiles, T not a multiple of the chunk and shorter than one, two calls carrying
+    states, state sequences, two coupled states, two inputs, a learnable scalar."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(chunk))
+    _compare(CUBA, monkeypatch, [3 * TILE + 5, 4], seqs=True)
+
+
+@pytest.mark.parametrize("text, kwargs", [
+    (LI, {"grad": False, "carry": False}),  # inference from the constant initial state
+    (LI.replace("{value: 2.0, learnable: true}", "2.0"), {"carry": False}),  # the direct call
+    (NOISY, {"seqs": True}),  # draws in a coefficient and an offset
+    (CUBA_CT, {"shape": (4,)}),
+    (FIXED, {"shape": (2, 3), "sizes": {"C": 3}}),  # a fixed shaped parameter: the chunked backward
+    (SHAPED, {"shape": (2, 3), "sizes": {"C": 3}}),  # a learnable one: chunked forward, the tiled backward
+])
+def test_chunked_specs_equal_the_sequential_kernels(text, kwargs, monkeypatch):
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "7")
+    _compare(text, monkeypatch, [2 * TILE + 9, 3], **kwargs)
+
+
+def test_chunks_fill_the_gpu_where_there_are_few_neurons(monkeypatch):
+    """The built-in chunk on a GPU: whole tiles, enough chunks for about four programs an SM when the
+    blocks of neurons are fewer, at least two tiles a chunk, none for a large layer."""
+    monkeypatch.setattr(triton_runtime, "_sm_count", lambda: 132)
+    kernels = triton_runtime.Kernels(compile_spec(text=LI), torch.device("cpu"))
+    kernels.interpret = False  # (the GPU's choice, worked out on any machine)
+    settings = triton_runtime.launch_settings()
+    meta = {"_BLOCK": 16, "_TC": 128}
+    chunk = kernels.scan_chunk(1024, 4096, meta, settings)  # 64 blocks
+    assert chunk % 128 == 0 and 4096 // chunk * 64 >= 4 * 132 * 0.9 and chunk >= 256
+    assert kernels.scan_chunk(1 << 22, 4096, meta, settings) == 4096  # 262,144 blocks: one chunk
+    assert kernels.scan_chunk(1024, 300, meta, settings) == 256  # two tiles at least: two chunks
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "100")
+    assert kernels.scan_chunk(1024, 4096, meta, triton_runtime.launch_settings()) == 100
