@@ -374,3 +374,21 @@ def test_chunks_fill_the_gpu_where_there_are_few_neurons(monkeypatch):
     assert kernels.scan_chunk(1024, 300, meta, settings) == 256  # two tiles at least: two chunks
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "100")
     assert kernels.scan_chunk(1024, 4096, meta, triton_runtime.launch_settings()) == 100
+
+
+def test_chunked_calls_compile(monkeypatch, fresh_dynamo):
+    """Under torch.compile(fullgraph=True) (on a GPU: inductor launches the chunk kernels from the compiled
+    step), a chunked call gives the eager call's outputs, final states and gradients."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "5")
+    gen = torch.Generator(torch.get_default_device()).manual_seed(3)
+    x, g = (torch.rand(2 * TILE + 3, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    results = []
+    for compiled in (False, True):
+        m = _module(CUBA)
+        xc = x.clone().requires_grad_()
+        outs = (torch.compile(m, fullgraph=True) if compiled else m)(xc, g)
+        results.append([*[o.detach() for o in outs], *m.states.values(),
+                        *torch.autograd.grad(sum((o * (k + 1)).sum() for k, o in enumerate(outs)),
+                                             [xc, m.tau_syn_inv], allow_unused=True)])
+    for a, b in zip(*results):
+        assert _relative(a, b) < 1e-12
