@@ -32,8 +32,8 @@ from .literals import identifier
 from .names import VARIANTS, kernel_name, scan_variant
 from .parallel import Affine
 from .printer import TRITON, Printer
-from .templates import (BLOCK_SIZES, I1, I2, TILE_SIZES, _backward_names, _head, _if, _initial_states, _param_args,
-                        _params_load, _partial_grads, _seed_args, _seed_load, _tile_head)
+from .templates import (BLOCK_SIZES, I1, I2, TILE_SIZES, _backward_names, _head, _if, _initial_states, _load,
+                        _param_args, _params_load, _partial_grads, _seed_args, _seed_load, _tile_head)
 
 I3 = I2 + I1
 
@@ -132,12 +132,15 @@ def _map_rows(info: FlexSNInfo, affine: Affine, p: Printer, shifted: bool) -> li
     holds the map of step t - 1 (row 0: the identity); else the map of its own step t."""
     used = set().union(*(affine.matrix[i][j].free_symbols for i, j in affine.pattern),
                        *(b.free_symbols for b in affine.offset))
-    at, mask, steps = ("_at - _N", "(_tt[:, None] > 0) & _here", "_steps - 1") if shifted else ("_at", "_here", "_steps")
-    lines = [f"{I2}{n} = {_tile_load(f'{n}__in + {at}', mask)}" for n in info.input_names if any(s.name == n for s in used)]
+    at, mask, steps = ("_at - _N", "(_tt[:, None] > 0) & _here", "_steps - 1") if shifted else \
+        ("_at", "_here", "_steps")
+    lines = [f"{I2}{n} = {_tile_load(f'{n}__in + {at}', mask)}"
+             for n in info.input_names if any(s.name == n for s in used)]
     lines += _tile_draws(info, [s.name for s in sorted(used, key=lambda s: s.name)], steps, BLOCK)
     for i, j in affine.pattern:
         value = f"_zero + ({p(affine.matrix[i][j])})"
-        lines.append(f"{I2}_a{i}_{j} = " + (f"tl.where(_first, {1.0 if i == j else 0.0}, {value})" if shifted else value))
+        identity = 1.0 if i == j else 0.0
+        lines.append(f"{I2}_a{i}_{j} = " + (f"tl.where(_first, {identity}, {value})" if shifted else value))
     for i in range(len(affine.offset)):
         value = f"_zero + ({p(affine.offset[i])})"
         lines.append(f"{I2}_b{i} = " + (f"tl.where(_first, 0.0, {value})" if shifted else value))
@@ -174,8 +177,8 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
         _param_args(info),
         _seed_args(info),
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
-    lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons and one chunk '
-              f'of steps, time-parallel: a scan over tiles of _TC steps."""']
+    lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons and '
+              f'one chunk of steps, time-parallel: a scan over tiles of _TC steps."""']
     lines += _head() + _params_load(info) + _seed_load(info, "_N", False) + _initial_states(info, "[_BLOCK]")
     lines += _chunk_head(states, "_chunk > 0") + _steps_head(BLOCK)
     lines += [f"{I1}for _t0 in tl.range(_cs, _ce, _TC):",
@@ -204,10 +207,23 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
     return "\n".join(lines) + "\n"
 
 
-def _summary_store(rows: list[str]) -> list[str]:
-    """The chunk's composed map (``rows``: entries of A, then b) into ``_maps`` [chunks, rows, N]."""
-    return [f"{I1}tl.store(_maps + tl.cast(_chunk * {len(rows)} + {r}, tl.int64) * _N + _offs, {v}, mask=_mask)"
-            for r, v in enumerate(rows)]
+def _summary_start(pattern: tuple[tuple[int, int], ...], k: int) -> list[str]:
+    """The chunk's map so far, ``_S`` (entries of the matrix) and ``_Sb`` (the offset): the identity."""
+    return [f"{I1}_S{i}_{j} = tl.full([_BLOCK], {1.0 if i == j else 0.0}, _DTYPE)" for i, j in pattern] + \
+        [f"{I1}_Sb{i} = tl.zeros([_BLOCK], dtype=_DTYPE)" for i in range(k)]
+
+
+def _summary_end(pattern: tuple[tuple[int, int], ...], k: int, A: str, B: str, combine: str) -> list[str]:
+    """The tile's map (the last row of the scan ``_A``, ``_B``) after the chunk's map so far, in the loop; after
+    it, the chunk's map into ``_maps`` [chunks, rows, N] (entries of the matrix, then the offset)."""
+    entries = [f"{i}_{j}" for i, j in pattern]
+    lines = [f"{I2}_tile{e} = tl.sum(tl.where(_last, _{A}{e}, 0.0), axis=0)" for e in entries]
+    lines += [f"{I2}_tileb{i} = tl.sum(tl.where(_last, _{B}{i}, 0.0), axis=0)" for i in range(k)]
+    total = [f"_S{e}" for e in entries] + [f"_Sb{i}" for i in range(k)]
+    tile = [f"_tile{e}" for e in entries] + [f"_tileb{i}" for i in range(k)]
+    lines += [f"{I2}{', '.join(total)}, = {combine}({', '.join(total + tile)})"]
+    return lines + [f"{I1}tl.store(_maps + tl.cast(_chunk * {len(total)} + {r}, tl.int64) * _N + _offs, {v}, "
+                    f"mask=_mask)" for r, v in enumerate(total)]
 
 
 def _summary_kernel(cores: Cores, affine: Affine, p: Printer) -> str:
@@ -215,7 +231,6 @@ def _summary_kernel(cores: Cores, affine: Affine, p: Printer) -> str:
     the ones before it."""
     info = cores.info
     k = len(info.state_names)
-    entries = [f"{i}_{j}" for i, j in affine.pattern]
     lines = _signature(cores, "summary", [
         ([f"{n}__in" for n in info.input_names], "inputs [T, N]"),
         (["_maps", "_L"], "written: the map of each chunk of _L steps [chunks, rows, N] (entries of A, then b)"),
@@ -225,8 +240,7 @@ def _summary_kernel(cores: Cores, affine: Affine, p: Printer) -> str:
     lines += [f'{I1}"""The map of a chunk of steps of {info.neuron} (the states before it to those after it), '
               f'for one block of neurons."""']
     lines += _head() + _params_load(info) + _seed_load(info, "_N", False) + _chunk_head([], "") + _steps_head(BLOCK)
-    lines += [f"{I1}_S{i}_{j} = tl.full([_BLOCK], {1.0 if i == j else 0.0}, _DTYPE)" for i, j in affine.pattern]
-    lines += [f"{I1}_Sb{i} = tl.zeros([_BLOCK], dtype=_DTYPE)" for i in range(k)]
+    lines += _summary_start(affine.pattern, k)
     lines += [f"{I1}for _t0 in tl.range(_cs, _ce, _TC):",
               f"{I2}_steps = _t0 + _tt",
               f"{I2}_here = (_steps[:, None] < _ce) & _mask[None, :]",
@@ -234,12 +248,7 @@ def _summary_kernel(cores: Cores, affine: Affine, p: Printer) -> str:
               f"{I2}# row r: the map of its step; the scan's last row, the tile's"]
     lines += _map_rows(info, affine, p, shifted=False)
     lines += [f"{I2}_last = _tt[:, None] == tl.minimum(_ce - _t0, _TC) - 1"]
-    lines += [f"{I2}_tile{e} = tl.sum(tl.where(_last, _A{e}, 0.0), axis=0)" for e in entries]
-    lines += [f"{I2}_tileb{i} = tl.sum(tl.where(_last, _B{i}, 0.0), axis=0)" for i in range(k)]
-    total = [f"_S{e}" for e in entries] + [f"_Sb{i}" for i in range(k)]
-    tile = [f"_tile{e}" for e in entries] + [f"_tileb{i}" for i in range(k)]
-    lines += [f"{I2}{', '.join(total)}, = _compose({', '.join(total + tile)})"]
-    return "\n".join(lines + _summary_store(total)) + "\n"
+    return "\n".join(lines + _summary_end(affine.pattern, k, "A", "B", "_compose")) + "\n"
 
 
 def _carry_kernel(cores: Cores, pattern: tuple[tuple[int, int], ...], adjoint: bool) -> str:
@@ -251,17 +260,15 @@ def _carry_kernel(cores: Cores, pattern: tuple[tuple[int, int], ...], adjoint: b
     name = identifier(kernel_name(info.neuron, "scan_adjoint_carry" if adjoint else "scan_carry"))
     first = [f"{n}__grad_final" for n in states] if adjoint else [f"{n}__init" for n in states]
     flag = "_HAS_FINAL_GRADS" if adjoint else ("_CONST_INIT" if info.initial_values else "")
+    what = "state gradients after" if adjoint else "states before"
     lines = ["@triton.jit", f"def {name}(",
              f"{I1}{', '.join(first)},  # " + ("the final states' gradients [N]" if adjoint else "initial states [N]"),
-             f"{I1}_maps, _starts, _C,  # each chunk's map [chunks, rows, N]; written: "
-             + ("the state gradients after each chunk [chunks, K, N]" if adjoint else "the states before each [chunks, K, N]"),
+             f"{I1}_maps, _starts, _C,  # each chunk's map [chunks, rows, N]; written: the {what} each [chunks, K, N]",
              f"{I1}_N, _BLOCK: tl.constexpr, _DTYPE: tl.constexpr{f', {flag}: tl.constexpr' if flag else ''},", "):"]
-    lines += [f'{I1}"""' + ("The state gradients after each chunk of steps of " if adjoint else
-                            "The states before each chunk of steps of ") + f'{info.neuron}, for one block of neurons."""']
+    lines += [f'{I1}"""The {what} each chunk of steps of {info.neuron}, for one block of neurons."""']
     lines += _head()
     if adjoint:
-        lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n} = tl.load({n}__grad_final + _offs, mask=_mask, other=0.0).to(_DTYPE)"
-                                          for n in states],
+        lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n} = {_load(f'{n}__grad_final + _offs')}" for n in states],
                      [f"{I1}{n} = tl.zeros([_BLOCK], dtype=_DTYPE)" for n in states])
         lines += [f"{I1}for _j in tl.range(1, _C):", f"{I2}_c = _C - _j  # the chunk whose map applies; its result, "
                   "the gradients after the chunk before", f"{I2}_to = _c - 1"]
@@ -332,7 +339,6 @@ def _adjoint_summary_kernel(cores: Cores, affine: Affine) -> str:
     states = list(info.state_names)
     k = len(states)
     adjoint = _transposed(affine.pattern)
-    entries = [f"{i}_{j}" for i, j in adjoint]
     lines = _signature(cores, "adjoint_summary", [
         (grad_out + [f"{n}__grad_states" for n in states], "upstream gradients"),
         (kept, "what the forward kept"),
@@ -343,17 +349,11 @@ def _adjoint_summary_kernel(cores: Cores, affine: Affine) -> str:
     lines += [f'{I1}"""The adjoint map of a chunk of steps of {info.neuron} (the state gradients after it to '
               f'those before it), for one block of neurons."""']
     lines += _head() + _params_load(info) + _seed_load(info, "_N", False) + _chunk_head([], "") + _steps_head(BLOCK)
-    lines += [f"{I1}_S{i}_{j} = tl.full([_BLOCK], {1.0 if i == j else 0.0}, _DTYPE)" for i, j in adjoint]
-    lines += [f"{I1}_Sb{i} = tl.zeros([_BLOCK], dtype=_DTYPE)" for i in range(k)]
+    lines += _summary_start(adjoint, k)
     lines += _reverse_loop(BLOCK) + [f"{I2}# row r: the adjoint map of its step; the scan's last row, the tile's"]
     lines += _adjoint_rows(cores, affine, BLOCK, shifted=False)
     lines += [f"{I2}_last = _tt[:, None] == tl.minimum(_ce - _cs - _t1, _TC) - 1"]
-    lines += [f"{I2}_tile{e} = tl.sum(tl.where(_last, _M{e}, 0.0), axis=0)" for e in entries]
-    lines += [f"{I2}_tileb{i} = tl.sum(tl.where(_last, _C{i}, 0.0), axis=0)" for i in range(k)]
-    total = [f"_S{e}" for e in entries] + [f"_Sb{i}" for i in range(k)]
-    tile = [f"_tile{e}" for e in entries] + [f"_tileb{i}" for i in range(k)]
-    lines += [f"{I2}{', '.join(total)}, = _compose_adjoint({', '.join(total + tile)})"]
-    return "\n".join(lines + _summary_store(total)) + "\n"
+    return "\n".join(lines + _summary_end(adjoint, k, "M", "C", "_compose_adjoint")) + "\n"
 
 
 def _backward_kernel(cores: Cores, affine: Affine) -> str:

@@ -314,13 +314,14 @@ class Plan:
                    if self.chunks > 1 and hasattr(kernels.module, kernel_name(kernels.name, v))]
         self.chunk_kernels = {v: (getattr(kernels.module, kernel_name(kernels.name, v)), grid) for v, grid in chunked}
         self.chunk_launchers = {v: launcher(k, grid) for v, (k, grid) in self.chunk_kernels.items()}
-        self.programs = blocks * (self.chunks if scans else 1)  # the programs of a launch (an upper bound when autotuning)
+        self.programs = blocks * (self.chunks if scans else 1)  # a launch's programs (a bound when autotuning)
         # the keyword arguments of each launch: meta-parameters and constexpr flags
         base = {**meta, "_DTYPE": _compute_dtype(dtype)}
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
         carry = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", "num_warps")}
         self.summary_flags = base
-        self.carry_flags = {const: {**carry, "_CONST_INIT": const} if has_init_flag else carry for const in (False, True)}
+        self.carry_flags = {const: {**carry, "_CONST_INIT": const} if has_init_flag else carry
+                            for const in (False, True)}
         self.adjoint_summary_flags = {seqs: {**base, "_HAS_STATE_GRADS": seqs} for seqs in (False, True)}
         self.adjoint_carry_flags = {final: {**carry, "_HAS_FINAL_GRADS": final} for final in (False, True)}
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
