@@ -86,7 +86,7 @@ def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], chunks: 
     rows = [("sequential", False, None, 0), ("scan", True, None, 0)]
     rows += [(f"scan {b}x{t}x{w}", True, (b, t, w), 0) for b, t, w in tiles]
     rows += [(f"scan chunk {c}", True, None, c) for c in chunks]
-    base = {}
+    base, setting = {}, os.environ.get("FLEXSN_DSL_SCAN_CHUNK")
     for label, parallel, tile, chunk in rows:
         triton_runtime.Kernels.scan_config = built_in if tile is None else \
             (lambda self, n, b=tile[0], t=tile[1], w=tile[2]: {"_BLOCK": b, "num_warps": w, "_STAGES": 1, "_TC": t})
@@ -105,6 +105,8 @@ def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], chunks: 
         finally:
             triton_runtime.Kernels.scan_config = built_in
     os.environ.pop("FLEXSN_DSL_SCAN_CHUNK")
+    if setting is not None:  # (the caller's, for its next spec and shape)
+        os.environ["FLEXSN_DSL_SCAN_CHUNK"] = setting
 
 
 def main(argv: list[str] | None = None) -> int:

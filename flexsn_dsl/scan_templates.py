@@ -119,7 +119,7 @@ CHUNKS = (["_starts", "_L"], "chunks of _L steps; the states before each [chunks
 def _chunk_head(targets: list[str], starts_where: str) -> list[str]:
     """This program's chunk of steps, ``[_cs, _ce)``, and where ``starts_where`` holds, ``targets`` (the
     states, or the state gradients, at the chunk's boundary) read from ``_starts``."""
-    lines = [f"{I1}_chunk = tl.program_id(1)", f"{I1}_cs = _chunk * _L", f"{I1}_ce = tl.minimum(_cs + _L, _T)"]
+    lines = [f"{I1}_chunk = tl.program_id(1)", f"{I1}_cs = _chunk * _L", f"{I1}_ce = _cs + tl.minimum(_L, _T - _cs)"]
     if targets:
         lines += [f"{I1}if {starts_where}:  # (scan_carry wrote them)"]
         lines += [f"{I2}{n} = tl.load(_starts + tl.cast(_chunk * {len(targets)} + {i}, tl.int64) * _N + _offs, "

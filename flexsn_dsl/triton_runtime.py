@@ -30,6 +30,7 @@ MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MAX_TILE = 64  # the largest time tile a setting may ask for (each step of a tile is compiled code)
 MAX_CHUNK = 1 << 30  # the most steps a setting may ask a chunk of a time-parallel call to take
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis: the most chunks a call takes
 TILE = 16  # the built-in largest time tile
 TILE_CODE = 10_000  # characters of core source a built-in tile unrolls at most: Triton's compile time grows
 # faster than the code it compiles (on the CPU that builds it: 2.5 s for LIF's backward with tiles of 16 steps,
@@ -192,13 +193,14 @@ class Kernels:
         """The steps of each chunk a time-parallel call over n neurons and T steps is split into: a setting's;
         else all of T in the interpreter, and on a GPU chunks of whole tiles, enough for about four programs
         an SM where there are few blocks of neurons (at least two tiles a chunk)."""
+        fewest = _cdiv(T, MAX_GRID_Y)  # (the chunks are the grid's second axis)
         if settings.scan_chunk:
-            return settings.scan_chunk
+            return max(settings.scan_chunk, fewest)
         if self.interpret or T == 0:
             return max(T, 1)
         tile = meta["_TC"]
         chunks = max(min(_cdiv(4 * _sm_count(), _cdiv(n, meta["_BLOCK"])), _cdiv(T, 2 * tile)), 1)
-        return _cdiv(_cdiv(T, chunks), tile) * tile
+        return max(_cdiv(_cdiv(T, chunks), tile) * tile, fewest)
 
     def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
         """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
@@ -938,6 +940,8 @@ def _traced_plan(key: str, like: torch.Tensor) -> Plan:
     plan.step_sizes, plan.n = tuple(plan.step), math.prod(plan.step)
     plan.programs = _cdiv(plan.n, plan.block)
     plan.grid = (plan.programs,)
+    if plan.chunk:  # a time-parallel plan: one chunk of all the steps (the chunk kernels' sizes are not symbolic)
+        plan.chunk, plan.chunks, plan.grid = plan.T, 1, (plan.programs, 1)
     return plan
 
 

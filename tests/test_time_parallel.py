@@ -374,6 +374,8 @@ def test_chunks_fill_the_gpu_where_there_are_few_neurons(monkeypatch):
     assert kernels.scan_chunk(1024, 300, meta, settings) == 256  # two tiles at least: two chunks
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "100")
     assert kernels.scan_chunk(1024, 4096, meta, triton_runtime.launch_settings()) == 100
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "1")  # more chunks than a grid's second axis takes (65,535)
+    assert kernels.scan_chunk(1024, 200_000, meta, triton_runtime.launch_settings()) == 4
 
 
 def test_chunked_calls_compile(monkeypatch, fresh_dynamo):
@@ -392,3 +394,46 @@ def test_chunked_calls_compile(monkeypatch, fresh_dynamo):
                                              [xc, m.tau_syn_inv], allow_unused=True)])
     for a, b in zip(*results):
         assert _relative(a, b) < 1e-12
+
+
+def test_chunked_calls_compile_with_dynamic_shapes(monkeypatch, fresh_dynamo):
+    """torch.compile(dynamic=True), calls of two lengths: the eager calls' outputs, final states and input
+    gradients (on a GPU the traced kernels then take one chunk of all the steps: the chunk kernels' sizes
+    are not symbolic)."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "5")
+    plain = LI.replace("{value: 2.0, learnable: true}", "2.0")  # (no learnable parameter: the traced kernels)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(4)
+    eager, compiled = _module(plain), _module(plain)
+    step = torch.compile(compiled, fullgraph=True, dynamic=True)
+    for T in (2 * TILE + 3, 3 * TILE + 8):
+        x = torch.rand(T, 5, generator=gen, dtype=torch.float64)
+        results = []
+        for module, call in ((eager, eager), (compiled, step)):
+            module.reset()
+            xc = x.clone().requires_grad_()
+            outs = call(xc)
+            grad, = torch.autograd.grad(sum((o * (k + 2)).sum() for k, o in enumerate(outs)), [xc])
+            results.append([*[o.detach() for o in outs], *[v.detach() for v in module.states.values()], grad])
+        for a, b in zip(*results):
+            assert _relative(a, b) < 1e-12
+
+
+def test_chunks_of_several_blocks_without_final_state_gradients(monkeypatch):
+    """Blocks of 16 neurons over 37 (the partial parameter-gradient rows of blocks and chunks) and a loss of
+    the outputs only (no final-state gradient enters the last chunk)."""
+    monkeypatch.setattr(triton_runtime, "CPU_BLOCK", 16)  # (the interpreter's block: several here)
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "6")
+    results = []
+    for parallel in ("1", "0"):
+        monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", parallel)
+        gen = torch.Generator(torch.get_default_device()).manual_seed(5)
+        m = _module(CUBA)
+        x, g = (torch.rand(29, 37, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
+        outs = m(x, g)
+        loss = sum((o * torch.rand(o.shape, generator=gen, dtype=torch.float64)).sum() for o in outs)
+        results.append([*outs, *torch.autograd.grad(loss, [x, g, m.tau_syn_inv])])
+    plan = triton_runtime._kernels(m._compiled, torch.get_default_device().type).plan(
+        x.shape, x.dtype, triton_runtime.launch_settings()._replace(time_parallel=True))
+    assert plan.grid == (3, 5)  # 3 blocks (16 neurons on a GPU too) by 5 chunks
+    for a, b in zip(*results):
+        assert _relative(a.detach(), b.detach()) < 1e-9
