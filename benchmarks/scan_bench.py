@@ -6,7 +6,8 @@ sequential kernels' (float64 and float32: outputs, input and parameter gradients
 largest value), then both are timed per training and inference call, CUDA-graph medians
 (``flexsn_dsl.bench.graph_replay_ms``), and the scan kernels again with each ``--tiles`` setting of
 (neurons per program, steps per tile, warps) instead of the built-in choice
-(``triton_runtime.Kernels.scan_config``), to tune it.
+(``triton_runtime.Kernels.scan_config``) and each ``--chunks`` setting (``FLEXSN_DSL_SCAN_CHUNK``), to
+tune them.
 
     python benchmarks/scan_bench.py                            # neurons/li.yaml, N=1024, T=4096
     python benchmarks/scan_bench.py -n 1024 8192 -T 1000 4096 --tiles 16x128x4 32x64x4
@@ -78,15 +79,18 @@ def _time(fn) -> tuple[float, str]:
     return _timer(torch.device("cuda" if torch.cuda.is_available() else "cpu"))(fn), "eager"
 
 
-def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], device: torch.device) -> None:
+def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], chunks: list[int],
+          device: torch.device) -> None:
     xs = [torch.rand(T, n, device=device).requires_grad_() for _ in flexsn_dsl.load(spec).spec.inputs]
     built_in = triton_runtime.Kernels.scan_config
-    rows = [("sequential", False, None), ("scan", True, None)] + [(f"scan {b}x{t}x{w}", True, (b, t, w))
-                                                                   for b, t, w in tiles]
-    base = {}
-    for label, parallel, tile in rows:
+    rows = [("sequential", False, None, 0), ("scan", True, None, 0)]
+    rows += [(f"scan {b}x{t}x{w}", True, (b, t, w), 0) for b, t, w in tiles]
+    rows += [(f"scan chunk {c}", True, None, c) for c in chunks]
+    base, setting = {}, os.environ.get("FLEXSN_DSL_SCAN_CHUNK")
+    for label, parallel, tile, chunk in rows:
         triton_runtime.Kernels.scan_config = built_in if tile is None else \
             (lambda self, n, b=tile[0], t=tile[1], w=tile[2]: {"_BLOCK": b, "num_warps": w, "_STAGES": 1, "_TC": t})
+        os.environ["FLEXSN_DSL_SCAN_CHUNK"] = str(chunk)  # (0: the built-in chunk)
         try:
             module = _module(spec, parallel, torch.float32, device)
             for mode in ("training", "inference"):
@@ -100,6 +104,9 @@ def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], device: 
             print(f"  {label:20} failed: {type(exc).__name__}: {exc}"[:200], flush=True)
         finally:
             triton_runtime.Kernels.scan_config = built_in
+    os.environ.pop("FLEXSN_DSL_SCAN_CHUNK")
+    if setting is not None:  # (the caller's, for its next spec and shape)
+        os.environ["FLEXSN_DSL_SCAN_CHUNK"] = setting
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,17 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--neurons", type=int, nargs="+", default=[1024])
     parser.add_argument("--tiles", nargs="*", default=["16x128x4", "32x64x4", "32x128x4", "64x32x4", "8x256x2"],
                         help="scan tile settings to time besides the built-in one: BLOCKxTCxWARPS")
-    parser.add_argument("--quick", action="store_true", help="T=40, 64 neurons, no tile settings")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[128, 256, 512, 1024, 4096],
+                        help="steps per chunk to time besides the built-in choice (FLEXSN_DSL_SCAN_CHUNK)")
+    parser.add_argument("--quick", action="store_true", help="T=40, 64 neurons, no tile or chunk settings")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps, neurons = ([40], [64]) if args.quick else (args.steps, args.neurons)
     tiles = [] if args.quick else [tuple(map(int, t.split("x"))) for t in args.tiles]
+    chunks = [] if args.quick else args.chunks
     for spec in args.specs:
         for T in steps:
             for n in neurons:
                 print(f"{Path(spec).name} T={T} N={n} on {device}", flush=True)
                 check(spec, T, n, device)
-                bench(spec, T, n, tiles, device)
+                bench(spec, T, n, tiles, chunks, device)
     return 0
 
 

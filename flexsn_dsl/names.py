@@ -13,6 +13,9 @@ def scan_variant(variant: str) -> str:
 
 
 SCAN_VARIANTS = tuple(map(scan_variant, VARIANTS))  # specs whose states are affine in the previous states only
+# a time-parallel call split into chunks of steps: each chunk's map (forward) or adjoint map (backward), then the
+# states (state gradients) at the chunks' boundaries
+CHUNK_VARIANTS = ("scan_summary", "scan_carry", "scan_adjoint_summary", "scan_adjoint_carry")
 
 
 def core_name(neuron: str, direction: str) -> str:
@@ -30,5 +33,5 @@ def generated_names(neuron: str, recurrent: bool = True, scan: bool = True) -> f
     """Every module-level name the generated Triton module derives from the neuron's name (with
     ``recurrent`` false: of a spec without `recurrent`, whose module has no recurrent kernels; with
     ``scan`` false: of a spec that is not time-parallel, which has no scan kernels)."""
-    variants = VARIANTS + (RECURRENT_VARIANTS if recurrent else ()) + (SCAN_VARIANTS if scan else ())
+    variants = VARIANTS + (RECURRENT_VARIANTS if recurrent else ()) + (SCAN_VARIANTS + CHUNK_VARIANTS if scan else ())
     return frozenset([*(core_name(neuron, d) for d in CORES), *(kernel_name(neuron, v) for v in variants)])

@@ -152,11 +152,12 @@ def _draws(info: FlexSNInfo, names, step: str, flat: bool) -> list[str]:
     return lines
 
 
-def _partial_grads(info: FlexSNInfo, tiled: bool) -> list[str]:
+def _partial_grads(info: FlexSNInfo, tiled: bool, chunked: bool = False) -> list[str]:
     """The end of a backward kernel: one row of scalar partial sums per program, in launch order, then the
-    shaped parameters' partial sums (a tiled backward)."""
-    program, total = ("(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))", "tl.sum(tl.sum({}, axis=1), axis=0)") \
-        if tiled else ("tl.program_id(0)", "tl.sum({}, axis=0)")
+    shaped parameters' partial sums (a tiled backward). ``chunked``: blocks of neurons over a second axis
+    of chunks of steps (a time-parallel backward)."""
+    program = "(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0))" if tiled or chunked else "tl.program_id(0)"
+    total = "tl.sum(tl.sum({}, axis=1), axis=0)" if tiled else "tl.sum({}, axis=0)"
     lines = [f"{I1}tl.store(_params_grad + {program} * {info.num_params} + {k}, {total.format(f'{n}__grad_sum')})"
              for k, n in enumerate(info.scalar_params)]
     return lines + _shaped_grads(info)

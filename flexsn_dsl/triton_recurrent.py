@@ -19,9 +19,9 @@ import torch
 from .compiler import Compiled
 from .errors import SpecError
 from .names import kernel_name
-from .triton_runtime import (_REGISTRY, Kernels, _compute_dtype, _kernels_for, _param_args, _stack,
-                             _seed_arg, _torch_compute_dtype, interpreting, kernel_params, launch_settings, new_seed,
-                             on_device)
+from .triton_runtime import (_REGISTRY, COMPILE_OPTIONS, Kernels, _compute_dtype, _kernels_for, _param_args,
+                             _seed_arg, _stack, _torch_compute_dtype, interpreting, kernel_params, launch_settings,
+                             new_seed, on_device)
 
 BLOCK_B = 16      # rows of the batch per program (tl.dot needs at least 16)
 MAX_N = 512       # features one program holds
@@ -121,7 +121,7 @@ def _meta(x: torch.Tensor, T: int, B: int, N: int) -> dict:
     warps = {} if interpreting() else {"num_warps": 8 if padded >= 256 else 4}
     return dict(_T=T, _B=B, _N=N, _BLOCK_B=BLOCK_B, _NP=padded, _BLOCK_K=min(padded, max(16, W_SLICE // padded)),
                 _DTYPE=_compute_dtype(x.dtype), _DOT_DTYPE=_dot_dtype(x.dtype), _PRECISION=_dot_precision(x),
-                **warps)
+                **warps, **COMPILE_OPTIONS)
 
 
 def _learnable_shaped(info) -> list[int]:

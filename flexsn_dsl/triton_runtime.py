@@ -29,12 +29,17 @@ SCAN_TC = 16  # the steps of a time-parallel kernel's tile in the interpreter
 MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MAX_TILE = 64  # the largest time tile a setting may ask for (each step of a tile is compiled code)
+MAX_CHUNK = 1 << 30  # the most steps a setting may ask a chunk of a time-parallel call to take
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis: the most chunks a call takes
 TILE = 16  # the built-in largest time tile
 TILE_CODE = 10_000  # characters of core source a built-in tile unrolls at most: Triton's compile time grows
 # faster than the code it compiles (on the CPU that builds it: 2.5 s for LIF's backward with tiles of 16 steps,
 # pipelined 2 deep; minutes for HH's)
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
 RECURRENT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot's input_precision for float32; the first is the default
+# Triton's compile options, passed at every launch: fused multiply-adds, Triton's default until 3.9 (3.10 makes
+# them opt-in; without them HH and AdEx run 1.2x slower on an H200, BENCHMARKS.md)
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 class LaunchSettings(NamedTuple):
@@ -45,6 +50,7 @@ class LaunchSettings(NamedTuple):
     warps: int      # $FLEXSN_DSL_WARPS: warps per program (0: heuristic; GPU only)
     time_tile: int  # $FLEXSN_DSL_TIME_TILE: steps per time tile, _TC (0: heuristic; 1: no tiles)
     time_parallel: bool = True  # $FLEXSN_DSL_TIME_PARALLEL=0: sequential kernels also for time-parallel specs
+    scan_chunk: int = 0  # $FLEXSN_DSL_SCAN_CHUNK: steps per chunk of a time-parallel call (0: heuristic)
 
 
 def launch_settings() -> LaunchSettings:
@@ -54,7 +60,8 @@ def launch_settings() -> LaunchSettings:
 
 
 SETTINGS = ("FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_STAGES", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_BLOCK",
-            "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE", "FLEXSN_DSL_TIME_PARALLEL")  # in LaunchSettings' order
+            "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE", "FLEXSN_DSL_TIME_PARALLEL",
+            "FLEXSN_DSL_SCAN_CHUNK")  # in LaunchSettings' order
 _SETTING_KEYS = tuple(os.environ.encodekey(name) for name in SETTINGS)  # (as os.environ stores them)
 
 
@@ -70,7 +77,7 @@ def _read_settings() -> tuple[str | bytes | None, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
-    autotune, stages, precision, block, warps, tile, parallel = map(_decode, raw)
+    autotune, stages, precision, block, warps, tile, parallel, chunk = map(_decode, raw)
     if autotune.strip() not in ("", "0", "1"):
         raise ValueError(f"FLEXSN_DSL_AUTOTUNE={autotune!r} is not 0 or 1: set it to 1 to autotune block sizes "
                          "on the GPU, to 0 or nothing for the built-in choice")
@@ -91,8 +98,11 @@ def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
     if parallel.strip() not in ("", "0", "1"):
         raise ValueError(f"FLEXSN_DSL_TIME_PARALLEL={parallel!r} is not 0 or 1: set it to 0 to run specs whose states "
                          "are affine (time-parallel) with the sequential kernels, to 1 or nothing for the scan kernels")
+    chunk_n = _whole("FLEXSN_DSL_SCAN_CHUNK", chunk, range(MAX_CHUNK + 1), f"a whole number from 0 to {MAX_CHUNK}",
+                     "the steps of each chunk a time-parallel call is split into (e.g. 512)")
     return LaunchSettings(autotune=autotune.strip() == "1", stages=stages_n, recurrent_precision=product,
-                          block=block_n, warps=warps_n, time_tile=tile_n, time_parallel=parallel.strip() != "0")
+                          block=block_n, warps=warps_n, time_tile=tile_n, time_parallel=parallel.strip() != "0",
+                          scan_chunk=chunk_n)
 
 
 def _whole(name: str, raw: str, allowed, described: str, meaning: str) -> int:
@@ -134,6 +144,8 @@ class Kernels:
         self.name = compiled.model.name
         # the variants with a time-parallel kernel (a step affine in its states: flexsn_dsl.scan_templates)
         self.scans = tuple(v for v in VARIANTS if hasattr(self.module, kernel_name(self.name, scan_variant(v))))
+        # the rows of a chunk's map in the chunked scan: the entries of A, then b
+        self.map_rows = len(compiled.parallel.pattern) + self.info.num_states if self.scans else 0
         self._plans: dict[tuple, Plan] = {}
         # the built-in time tile's bound: TILE, or less for a step of more code (a power of two; 1: no tiles)
         code = max(len(inspect.getsource(getattr(self.module, core_name(self.name, d)).fn)) for d in CORES)
@@ -180,6 +192,19 @@ class Kernels:
             block //= 2
         return {"_BLOCK": block, "num_warps": 4, "_STAGES": 1, "_TC": 2048 // block}
 
+    def scan_chunk(self, n: int, T: int, meta: dict, settings: LaunchSettings) -> int:
+        """The steps of each chunk a time-parallel call over n neurons and T steps is split into: a setting's;
+        else all of T in the interpreter, and on a GPU chunks of whole tiles, enough for about four programs
+        an SM where there are few blocks of neurons (at least two tiles a chunk)."""
+        fewest = _cdiv(T, MAX_GRID_Y)  # (the chunks are the grid's second axis)
+        if settings.scan_chunk:
+            return max(settings.scan_chunk, fewest)
+        if self.interpret or T == 0:
+            return max(T, 1)
+        tile = meta["_TC"]
+        chunks = max(min(_cdiv(4 * _sm_count(), _cdiv(n, meta["_BLOCK"])), _cdiv(T, 2 * tile)), 1)
+        return max(_cdiv(_cdiv(T, chunks), tile) * tile, fewest)
+
     def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
         """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
         key = (shape, dtype, settings)
@@ -199,7 +224,8 @@ class Kernels:
         del config["_BLOCK"]
         kernel = getattr(self.module, kernel_name(self.name, variant))
         (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
-                                                                 _COLS=tiling.tile_cols, **config, **constexprs)
+                                                                 _COLS=tiling.tile_cols, **config, **constexprs,
+                                                                 **COMPILE_OPTIONS)
 
     def blocks(self, n: int) -> int:
         """An upper bound on the programs a launch over n neurons uses (partial parameter gradients)."""
@@ -278,13 +304,32 @@ class Plan:
         # the tiled backward's kernel, and its launch meta-parameters (None: the sequential kernel's own)
         self.tiled_variant, self.tiled_meta = (scan_variant("backward"), meta) if "backward" in scans else \
             ("backward", None)
+        # a time-parallel call: chunks of ``chunk`` steps, a program for each block of neurons and chunk
+        self.chunk = kernels.scan_chunk(self.n, self.T, meta, settings) if scans else 0
+        self.chunks = _cdiv(self.T, self.chunk) if scans else 1
+        self.map_rows = kernels.map_rows
+        blocks = _cdiv(self.n, self.block)
+        if scans:
+            self.grid = (blocks, max(self.chunks, 1))
         direct = kernels.device_type == "cuda" and not self.autotuned and not kernels.interpret
-        self.launchers = {v: DirectLaunch(k, self.grid) if direct else _jit_launch(k[self.grid])
-                          for v, k in self.kernels.items()}
-        self.programs = _cdiv(self.n, self.block)  # the programs of a launch (an upper bound when autotuning)
+        launcher = lambda k, grid: DirectLaunch(k, grid) if direct else _jit_launch(k[grid])  # noqa: E731
+        self.launchers = {v: launcher(k, self.grid) for v, k in self.kernels.items()}
+        # the kernels that work out the states (state gradients) at the chunks' boundaries, with their grids
+        chunked = [(v, grid) for v, grid in (("scan_summary", self.grid), ("scan_carry", (blocks,)),
+                                             ("scan_adjoint_summary", self.grid), ("scan_adjoint_carry", (blocks,)))
+                   if self.chunks > 1 and hasattr(kernels.module, kernel_name(kernels.name, v))]
+        self.chunk_kernels = {v: (getattr(kernels.module, kernel_name(kernels.name, v)), grid) for v, grid in chunked}
+        self.chunk_launchers = {v: launcher(k, grid) for v, (k, grid) in self.chunk_kernels.items()}
+        self.programs = blocks * (self.chunks if scans else 1)  # a launch's programs (a bound when autotuning)
         # the keyword arguments of each launch: meta-parameters and constexpr flags
-        base = {**meta, "_DTYPE": _compute_dtype(dtype)}
+        base = {**meta, **COMPILE_OPTIONS, "_DTYPE": _compute_dtype(dtype)}
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
+        carry = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", "num_warps")}
+        self.summary_flags = base
+        self.carry_flags = {const: {**carry, "_CONST_INIT": const} if has_init_flag else carry
+                            for const in (False, True)}
+        self.adjoint_summary_flags = {seqs: {**base, "_HAS_STATE_GRADS": seqs} for seqs in (False, True)}
+        self.adjoint_carry_flags = {final: {**carry, "_HAS_FINAL_GRADS": final} for final in (False, True)}
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
         self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
         # a sequential backward with learnable parameters can carry its running sums across launches (recompute)
@@ -312,6 +357,15 @@ class Plan:
         else:
             self.launchers[variant](args, keywords)
         return _cdiv(self.n, self.kernels[variant].best_config.kwargs["_BLOCK"]) if self.autotuned else self.programs
+
+    def launch_chunks(self, variant: str, args: list, keywords: dict, traced: bool = False) -> None:
+        """Launch the chunk kernel ``variant`` (of :data:`flexsn_dsl.names.CHUNK_VARIANTS`) with all its
+        arguments; ``traced``: see :meth:`launch`."""
+        if traced:
+            kernel, grid = self.chunk_kernels[variant]
+            wrap_triton(kernel)[grid](*args, **keywords)
+        else:
+            self.chunk_launchers[variant](args, keywords)
 
 
 def _jit_launch(launcher) -> Callable[[list, dict], object]:
@@ -492,8 +546,26 @@ def _launch_forward(plan: Plan, xs, inits, outs, saved, seqs, finals, params, sh
     const_init = not inits and plan.n_st > 0
     inits = [xs[0]] * plan.n_st if const_init else inits  # (any pointer: unread when constant)
     variant, flags = plan.forwards[training, store_seqs, const_init]
-    plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *_param_args(params, shaped, layout),
-                          *_seed_arg(seed)], flags, traced)
+    tail = [*_param_args(params, shaped, layout), *_seed_arg(seed)]
+    chunks = _forward_chunks(plan, xs, inits, const_init, tail, traced)
+    plan.launch(variant, [*xs, *inits, *outs, *saved, *seqs, *finals, *chunks, *tail], flags, traced)
+
+
+def _forward_chunks(plan: Plan, xs, inits, const_init: bool, tail: list, traced: bool) -> list:
+    """A time-parallel launch's chunk arguments: the states before each chunk and its steps, worked out
+    first where there are several chunks (each chunk's map, then the maps applied in turn); ``tail``: the
+    parameter and seed arguments. None for the sequential kernels."""
+    if not plan.chunk:
+        return []
+    like = xs[0]
+    if plan.chunks == 1:
+        return [like, plan.chunk]  # (unread)
+    compute = _torch_compute_dtype(like.dtype)
+    maps = like.new_empty((plan.chunks, plan.map_rows, plan.n), dtype=compute)
+    starts = like.new_empty((plan.chunks, plan.n_st, plan.n), dtype=compute)
+    plan.launch_chunks("scan_summary", [*xs, maps, plan.chunk, *tail, plan.T, plan.n], plan.summary_flags, traced)
+    plan.launch_chunks("scan_carry", [*inits, maps, starts, plan.chunks, plan.n], plan.carry_flags[const_init], traced)
+    return [starts, plan.chunk]
 
 
 def _param_args(params, shaped, layout) -> list:
@@ -551,9 +623,9 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         unused = like  # a valid pointer for arguments a flag leaves unread (one the kernel does not write)
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *xs,
                 *outs, *grad_x, *(grad_init or [unused] * n_st)]
-        if params is not None or shaped:
-            args += _param_args(params, shaped, layout)
+        param_args = _param_args(params, shaped, layout) if params is not None or shaped else []
         if plan.tiled:
+            args += param_args
             tiling = plan.source.tiling(n, shaped_period(layout),
                                         plan.tiled_meta["_BLOCK"] if plan.tiled_meta else 0)
             partial = params.new_zeros((tiling.programs, params.shape[0])) if params is not None else None
@@ -573,6 +645,8 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
             grad_shaped = [_shaped_gradient(partials[k], v.numel()) if k in partials else None
                            for k, v in enumerate(shaped)]
         else:
+            args += _backward_chunks(plan, grad_outs, grad_seqs, grad_finals, saved, xs, outs, param_args, seed,
+                                     traced) + param_args
             partial = params.new_zeros((plan.programs, params.shape[0])) if params is not None else None
             flags = plan.carrying_flags if sums is not None else plan.backward_flags
             carried = [like if sums is None else sums] if plan.carries else []
@@ -583,6 +657,26 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         if partial is not None:  # only the rows this launch wrote (autotuning tries other block sizes)
             grad_params = partial[:programs].sum(0)
     return grad_x, grad_init, grad_params, grad_shaped
+
+
+def _backward_chunks(plan: Plan, grad_outs, grad_seqs, grad_finals, saved, xs, outs, param_args: list, seed,
+                     traced: bool) -> list:
+    """:func:`_forward_chunks` for the backward: the state gradients after each chunk (each chunk's adjoint
+    map, then the maps applied in turn from the last chunk)."""
+    if not plan.chunk:
+        return []
+    like, n_st = outs[0], plan.n_st
+    if plan.chunks == 1:
+        return [like, plan.chunk]  # (unread)
+    compute = _torch_compute_dtype(like.dtype)
+    maps = like.new_empty((plan.chunks, plan.map_rows, plan.n), dtype=compute)
+    starts = like.new_empty((plan.chunks, n_st, plan.n), dtype=compute)
+    plan.launch_chunks("scan_adjoint_summary", [*grad_outs, *(grad_seqs or [like] * n_st), *saved, *xs, *outs, maps,
+                                                plan.chunk, *param_args, *_seed_arg(seed), plan.T, plan.n],
+                       plan.adjoint_summary_flags[grad_seqs is not None], traced)
+    plan.launch_chunks("scan_adjoint_carry", [*(grad_finals or [like] * n_st), maps, starts, plan.chunks, plan.n],
+                       plan.adjoint_carry_flags[grad_finals is not None], traced)
+    return [starts, plan.chunk]
 
 
 class _TritonSteps(torch.autograd.Function):
@@ -850,6 +944,8 @@ def _traced_plan(key: str, like: torch.Tensor) -> Plan:
     plan.step_sizes, plan.n = tuple(plan.step), math.prod(plan.step)
     plan.programs = _cdiv(plan.n, plan.block)
     plan.grid = (plan.programs,)
+    if plan.chunk:  # a time-parallel plan: one chunk of all the steps (the chunk kernels' sizes are not symbolic)
+        plan.chunk, plan.chunks, plan.grid = plan.T, 1, (plan.programs, 1)
     return plan
 
 
@@ -1023,7 +1119,8 @@ def direct_call(compiled: Compiled, like: torch.Tensor) -> Callable[[torch.Tenso
             return results[:n_out], results[n_out:]
         outs = [torch.empty_like(x) for _ in range(n_out)]
         finals = [x.new_empty(step) for _ in range(n_st)]
-        plan.launch(variant, [x, *[x] * n_st, *outs, *finals], flags)  # (x for the initial states: unread)
+        chunks = _forward_chunks(plan, [x], [x] * n_st, True, [], False)
+        plan.launch(variant, [x, *[x] * n_st, *outs, *finals, *chunks], flags)  # (x for the initial states: unread)
         return outs, finals
     return call
 

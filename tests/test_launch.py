@@ -326,3 +326,23 @@ def test_inference_shortcut_survives_copies_and_moves_and_is_not_built_for_param
     with torch.no_grad():
         plif(x)
     assert plif._fast is None and m._fast is not None
+
+
+@gpu_only
+@pytest.mark.parametrize("default", ["0", "1"])
+def test_kernels_fuse_multiply_adds_whatever_tritons_default(default, monkeypatch):
+    """Every launch asks for fused multiply-adds (``COMPILE_OPTIONS``): with ``TRITON_DEFAULT_FP_FUSION=0``
+    (Triton 3.10's default) the compiled kernels of a LIF step (``a * x + b * v``) still have them. A spec
+    of its own, so that its kernels are compiled here, under that setting."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", default)
+    text = (ROOT / "neurons" / "lif.yaml").read_text().replace("neuron: lif", f"neuron: lif_fma_{default}")
+    m = flexsn_dsl.loads(text, backend="triton")
+    x = torch.rand(8, 1000, device="cuda", requires_grad=True)
+    m(x).sum().backward()
+    with torch.no_grad():
+        m.reset()
+        m(x)
+    plan = tr._kernels(m._compiled, "cuda").plan(x.shape, x.dtype, tr.launch_settings())
+    ptx = {v: entry[0].asm["ptx"] for v, launcher in plan.launchers.items() for entry in launcher.compiled.values()}
+    assert {"inference_final_state", "forward_final_state", "backward"} <= set(ptx)
+    assert all("fma.rn.f32" in code for code in ptx.values()), [v for v, code in ptx.items() if "fma.rn" not in code]

@@ -24,7 +24,8 @@ BAD_SETTINGS = [("FLEXSN_DSL_STAGES", "abc"), ("FLEXSN_DSL_STAGES", "-1"), ("FLE
                 ("FLEXSN_DSL_STAGES", "99"), ("FLEXSN_DSL_STAGES", "٣"), ("FLEXSN_DSL_AUTOTUNE", "yes"),
                 ("FLEXSN_DSL_AUTOTUNE", "2"), ("FLEXSN_DSL_RECURRENT_PRECISION", "fp32"),
                 ("FLEXSN_DSL_RECURRENT_PRECISION", "IEEE"), ("FLEXSN_DSL_BLOCK", "100"), ("FLEXSN_DSL_WARPS", "32"),
-                ("FLEXSN_DSL_TIME_TILE", "1000"), ("FLEXSN_DSL_TIME_PARALLEL", "yes"), ("FLEXSN_DSL_TIME_PARALLEL", "2")]
+                ("FLEXSN_DSL_TIME_TILE", "1000"), ("FLEXSN_DSL_TIME_PARALLEL", "yes"), ("FLEXSN_DSL_TIME_PARALLEL", "2"),
+                ("FLEXSN_DSL_SCAN_CHUNK", "-4"), ("FLEXSN_DSL_SCAN_CHUNK", "8.5")]
 
 
 @pytest.mark.parametrize("name,value", BAD_SETTINGS)
@@ -47,9 +48,9 @@ def test_a_bad_launch_setting_fails_the_triton_backend_only(name, value, monkeyp
 
 
 @pytest.mark.parametrize("stages,autotune,precision,parallel,expected", [
-    ("", "", "", "", (False, 0, "tf32x3", 0, 0, 0, True)), ("0", "0", "ieee", "0", (False, 0, "ieee", 0, 0, 0, False)),
-    (" 3 ", "1", " tf32 ", " 1 ", (True, 3, "tf32", 0, 0, 0, True)),
-    ("16", "", "tf32x3", "", (False, 16, "tf32x3", 0, 0, 0, True))])
+    ("", "", "", "", (False, 0, "tf32x3", 0, 0, 0, True, 0)), ("0", "0", "ieee", "0", (False, 0, "ieee", 0, 0, 0, False, 0)),
+    (" 3 ", "1", " tf32 ", " 1 ", (True, 3, "tf32", 0, 0, 0, True, 0)),
+    ("16", "", "tf32x3", "", (False, 16, "tf32x3", 0, 0, 0, True, 0))])
 def test_good_launch_settings_are_read_at_launch(stages, autotune, precision, parallel, expected, monkeypatch):
     from flexsn_dsl.triton_runtime import launch_settings
     monkeypatch.setenv("FLEXSN_DSL_STAGES", stages)
@@ -66,23 +67,23 @@ def test_launch_settings_follow_os_environ_even_when_it_is_replaced(monkeypatch)
     plain mapping put in its place."""
     from flexsn_dsl.triton_runtime import launch_settings
     for name in ("FLEXSN_DSL_STAGES", "FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_BLOCK",
-                 "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE", "FLEXSN_DSL_TIME_PARALLEL"):
+                 "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE", "FLEXSN_DSL_TIME_PARALLEL", "FLEXSN_DSL_SCAN_CHUNK"):
         monkeypatch.delenv(name, raising=False)
-    assert tuple(launch_settings()) == (False, 0, "tf32x3", 0, 0, 0, True)
+    assert tuple(launch_settings()) == (False, 0, "tf32x3", 0, 0, 0, True, 0)
     os.environ["FLEXSN_DSL_STAGES"] = "5"
     try:
-        assert tuple(launch_settings()) == (False, 5, "tf32x3", 0, 0, 0, True)
+        assert tuple(launch_settings()) == (False, 5, "tf32x3", 0, 0, 0, True, 0)
         os.environ["FLEXSN_DSL_STAGES"] = "x5"
         with pytest.raises(ValueError, match="^FLEXSN_DSL_STAGES='x5' is not"):
             launch_settings()
     finally:
         del os.environ["FLEXSN_DSL_STAGES"]
-    assert tuple(launch_settings()) == (False, 0, "tf32x3", 0, 0, 0, True)
+    assert tuple(launch_settings()) == (False, 0, "tf32x3", 0, 0, 0, True, 0)
     monkeypatch.setattr(os, "environ", {"FLEXSN_DSL_AUTOTUNE": "1", "FLEXSN_DSL_STAGES": "7",
                                         "FLEXSN_DSL_RECURRENT_PRECISION": "ieee", "FLEXSN_DSL_BLOCK": "64",
                                         "FLEXSN_DSL_WARPS": "2", "FLEXSN_DSL_TIME_TILE": "8",
-                                        "FLEXSN_DSL_TIME_PARALLEL": "0"})
-    assert tuple(launch_settings()) == (True, 7, "ieee", 64, 2, 8, False)
+                                        "FLEXSN_DSL_TIME_PARALLEL": "0", "FLEXSN_DSL_SCAN_CHUNK": "96"})
+    assert tuple(launch_settings()) == (True, 7, "ieee", 64, 2, 8, False, 96)
 
 
 def test_a_bad_launch_setting_does_not_break_importing_or_the_torch_backend(tmp_path):

@@ -1,7 +1,8 @@
 """Time-parallel kernels (issue 27): the analysis of which steps are affine in their states, and
 the scan kernels against the sequential ones (``FLEXSN_DSL_TIME_PARALLEL=0``), run through
 Triton's interpreter in float64: outputs, final states and state sequences, and the gradients of
-inputs, initial states and parameters, equal to 1e-9 relative (the scan reorders the arithmetic)."""
+inputs, initial states and parameters, equal to 1e-9 relative (the scan reorders the arithmetic); also
+with T split into chunks of steps (``FLEXSN_DSL_SCAN_CHUNK``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -333,3 +334,106 @@ def test_float32_is_close_to_the_sequential_kernels(monkeypatch):
         results.append((v.detach(), x.grad))
     for scan, sequential in zip(*results):
         assert _relative(scan, sequential) < 1e-5
+
+
+# -- chunks of steps ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [1, 5, TILE, 2 * TILE + 3])
+def test_chunked_calls_equal_the_sequential_kernels(chunk, monkeypatch):
+    """T split into chunks (a program for each block of neurons and chunk: each chunk's map, the states at
+    the chunks' boundaries, then every chunk from its states; the backward from the last chunk): chunks of
+    one step, chunks across tiles, T not a multiple of the chunk and shorter than one, two calls carrying
+    states, state sequences, two coupled states, two inputs, a learnable scalar."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(chunk))
+    _compare(CUBA, monkeypatch, [3 * TILE + 5, 4], seqs=True)
+
+
+@pytest.mark.parametrize("text, kwargs", [
+    (LI, {"grad": False, "carry": False}),  # inference from the constant initial state
+    (LI.replace("{value: 2.0, learnable: true}", "2.0"), {"carry": False}),  # the direct call
+    (NOISY, {"seqs": True}),  # draws in a coefficient and an offset
+    (CUBA_CT, {"shape": (4,)}),
+    (FIXED, {"shape": (2, 3), "sizes": {"C": 3}}),  # a fixed shaped parameter: the chunked backward
+    (SHAPED, {"shape": (2, 3), "sizes": {"C": 3}}),  # a learnable one: chunked forward, the tiled backward
+])
+def test_chunked_specs_equal_the_sequential_kernels(text, kwargs, monkeypatch):
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "7")
+    _compare(text, monkeypatch, [2 * TILE + 9, 3], **kwargs)
+
+
+def test_chunks_fill_the_gpu_where_there_are_few_neurons(monkeypatch):
+    """The built-in chunk on a GPU: whole tiles, enough chunks for about four programs an SM when the
+    blocks of neurons are fewer, at least two tiles a chunk, none for a large layer."""
+    monkeypatch.setattr(triton_runtime, "_sm_count", lambda: 132)
+    kernels = triton_runtime.Kernels(compile_spec(text=LI), torch.device("cpu"))
+    kernels.interpret = False  # (the GPU's choice, worked out on any machine)
+    settings = triton_runtime.launch_settings()
+    meta = {"_BLOCK": 16, "_TC": 128}
+    chunk = kernels.scan_chunk(1024, 4096, meta, settings)  # 64 blocks
+    assert chunk % 128 == 0 and 4096 // chunk * 64 >= 4 * 132 * 0.9 and chunk >= 256
+    assert kernels.scan_chunk(1 << 22, 4096, meta, settings) == 4096  # 262,144 blocks: one chunk
+    assert kernels.scan_chunk(1024, 300, meta, settings) == 256  # two tiles at least: two chunks
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "100")
+    assert kernels.scan_chunk(1024, 4096, meta, triton_runtime.launch_settings()) == 100
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "1")  # more chunks than a grid's second axis takes (65,535)
+    assert kernels.scan_chunk(1024, 200_000, meta, triton_runtime.launch_settings()) == 4
+
+
+def test_chunked_calls_compile(monkeypatch, fresh_dynamo):
+    """Under torch.compile(fullgraph=True) (on a GPU: inductor launches the chunk kernels from the compiled
+    step), a chunked call gives the eager call's outputs, final states and gradients."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "5")
+    gen = torch.Generator(torch.get_default_device()).manual_seed(3)
+    x, g = (torch.rand(2 * TILE + 3, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    results = []
+    for compiled in (False, True):
+        m = _module(CUBA)
+        xc = x.clone().requires_grad_()
+        outs = (torch.compile(m, fullgraph=True) if compiled else m)(xc, g)
+        results.append([*[o.detach() for o in outs], *m.states.values(),
+                        *torch.autograd.grad(sum((o * (k + 1)).sum() for k, o in enumerate(outs)),
+                                             [xc, m.tau_syn_inv], allow_unused=True)])
+    for a, b in zip(*results):
+        assert _relative(a, b) < 1e-12
+
+
+def test_chunked_calls_compile_with_dynamic_shapes(monkeypatch, fresh_dynamo):
+    """torch.compile(dynamic=True), calls of two lengths: the eager calls' outputs, final states and input
+    gradients (on a GPU the traced kernels then take one chunk of all the steps: the chunk kernels' sizes
+    are not symbolic)."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "5")
+    plain = LI.replace("{value: 2.0, learnable: true}", "2.0")  # (no learnable parameter: the traced kernels)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(4)
+    eager, compiled = _module(plain), _module(plain)
+    step = torch.compile(compiled, fullgraph=True, dynamic=True)
+    for T in (2 * TILE + 3, 3 * TILE + 8):
+        x = torch.rand(T, 5, generator=gen, dtype=torch.float64)
+        results = []
+        for module, call in ((eager, eager), (compiled, step)):
+            module.reset()
+            xc = x.clone().requires_grad_()
+            outs = call(xc)
+            grad, = torch.autograd.grad(sum((o * (k + 2)).sum() for k, o in enumerate(outs)), [xc])
+            results.append([*[o.detach() for o in outs], *[v.detach() for v in module.states.values()], grad])
+        for a, b in zip(*results):
+            assert _relative(a, b) < 1e-12
+
+
+def test_chunks_of_several_blocks_without_final_state_gradients(monkeypatch):
+    """Blocks of 16 neurons over 37 (the partial parameter-gradient rows of blocks and chunks) and a loss of
+    the outputs only (no final-state gradient enters the last chunk)."""
+    monkeypatch.setattr(triton_runtime, "CPU_BLOCK", 16)  # (the interpreter's block: several here)
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "6")
+    results = []
+    for parallel in ("1", "0"):
+        monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", parallel)
+        gen = torch.Generator(torch.get_default_device()).manual_seed(5)
+        m = _module(CUBA)
+        x, g = (torch.rand(29, 37, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
+        outs = m(x, g)
+        loss = sum((o * torch.rand(o.shape, generator=gen, dtype=torch.float64)).sum() for o in outs)
+        results.append([*outs, *torch.autograd.grad(loss, [x, g, m.tau_syn_inv])])
+    plan = triton_runtime._kernels(m._compiled, torch.get_default_device().type).plan(
+        x.shape, x.dtype, triton_runtime.launch_settings()._replace(time_parallel=True))
+    assert plan.grid == (3, 5)  # 3 blocks (16 neurons on a GPU too) by 5 chunks
+    for a, b in zip(*results):
+        assert _relative(a.detach(), b.detach()) < 1e-9
