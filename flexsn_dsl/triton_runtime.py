@@ -324,7 +324,7 @@ class Plan:
         # the keyword arguments of each launch: meta-parameters and constexpr flags
         base = {**meta, **COMPILE_OPTIONS, "_DTYPE": _compute_dtype(dtype)}
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
-        carry = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", "num_warps")}
+        carry = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", "num_warps", *COMPILE_OPTIONS)}
         self.summary_flags = base
         self.carry_flags = {const: {**carry, "_CONST_INIT": const} if has_init_flag else carry
                             for const in (False, True)}
