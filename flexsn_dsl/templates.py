@@ -5,18 +5,20 @@ Every kernel walks one block of neurons through time with a runtime ``_T``
 masks (no block pointers), and computes in ``_DTYPE`` (float32 for 16-bit and
 32-bit storage, float64 for float64).
 
-Time tiles: the block kernels walk time in whole tiles of ``_TC`` steps (a constexpr, chosen
-by the runtime from the neurons and steps of a call), then the last ``_T % _TC`` steps one at a
-time. A tile first loads every step's inputs (backward: upstream gradients and kept values) into
-tuples, in a ``tl.static_range`` loop: none of them depends on the recurrence, so ``_TC`` steps'
-loads are in flight together (and, pipelined with ``_STAGES``, the next tiles'); then it runs its
-steps in order, storing each step's results as it goes. Each step does the arithmetic of a step of
-the loop after the tiles: every ``_TC`` gives the same bits in the interpreter (compiled, the
-compiler may contract multiply-adds differently in the two loops), and ``_TC = 1`` compiles to a plain
-step-at-a-time loop (nothing is left after the tiles). Few neurons over many steps need tiles to
-keep the memory busy; with many neurons the runtime launches ``_TC = 1``. Compile time grows
-faster than ``_TC`` (Triton's coalescing pass looks at every load and store of the unrolled tile),
-and with ``_STAGES`` > 1 faster still: the runtime keeps both small for large steps.
+Time tiles: the block kernels walk time in whole tiles of ``_TC`` steps (a constexpr power of two,
+chosen by the runtime from the neurons and steps of a call), then the last ``_T % _TC`` steps one at
+a time (all of them when ``_TC`` is 1: a plain loop, pipelined ``_STAGES`` deep). Nothing a step reads
+(inputs; backward: upstream gradients and kept values) depends on the recurrence, so each read's tile
+is one ``[_TC, _BLOCK]`` load, and the next tile's load is issued before this tile's steps run: two
+tiles' loads in flight. ``_tile_rows`` takes a tile apart into its steps in registers (halving it into
+neighbouring pairs, so row r lands at place bitreverse(r): ``_tile_steps_of`` loads step k into that
+row). Then the steps run in order, storing each step's results as it goes. Each step does the
+arithmetic of a step of the loop after the tiles: every ``_TC`` gives the same bits in the interpreter
+(compiled, the compiler may contract multiply-adds differently in the two loops). Few neurons over
+many steps need tiles to keep the memory busy; with many neurons the runtime launches ``_TC = 1``.
+A tile's steps are unrolled, and compile time grows faster than ``_TC``: the runtime keeps tiles of
+large steps small. The tiled backward (learnable shaped parameters, ``[_ROWS, _COLS]`` tiles of the
+step) loads its tiles as tuples of one load a step instead.
 
 Variants:
   inference              outputs and state sequences
@@ -82,6 +84,42 @@ SEGMENTED_ADD = '''@triton.jit
 def _segmented_add(a, a_segment, b, b_segment):
     """Combine of a sum within runs of equal (non-decreasing) segment ids."""
     return tl.where(a_segment == b_segment, a + b, b), b_segment
+'''
+TILES = '''@triton.jit
+def _tile_steps_of(TC: tl.constexpr):
+    """The step of a tile each of its rows holds: row r holds step bitreverse(r) (over log2 TC bits), the
+    place where _tile_rows hands that row out."""
+    k = tl.arange(0, TC)
+    steps = tl.zeros_like(k)
+    for b in tl.static_range(6):
+        if (1 << b) < TC:
+            steps = steps * 2 + (k >> b) % 2
+    return steps
+
+
+@triton.jit
+def _tile_load(ptrs, offs, steps, mask, count):
+    """A tile of a block of neurons' values from ``ptrs`` (the tile's first step) and ``offs`` (each row's
+    step, in elements), the rows whose step is ``count`` or more left out."""
+    return tl.load(ptrs[None, :] + offs, mask=mask[None, :] & (steps[:, None] < count), other=0.0)
+
+
+@triton.jit
+def _tile_rows(tile, TC: tl.constexpr, BLOCK: tl.constexpr):
+    """The TC rows of a [TC, BLOCK] tile as a tuple of [BLOCK] values: the steps halved into neighbouring
+    pairs until one is left, so that row bitreverse(k) ends up at place k."""
+    parts = (tl.trans(tile),)
+    for level in tl.static_range(6):
+        if (1 << level) < TC:
+            halves = ()
+            for j in tl.static_range(1 << level):
+                even, odd = tl.split(tl.reshape(parts[j], [BLOCK, TC >> (level + 1), 2]))
+                halves += (even, odd)
+            parts = halves
+    rows = ()
+    for j in tl.static_range(TC):
+        rows += (tl.reshape(parts[j], [BLOCK]),)
+    return rows
 '''
 I1, I2 = "    ", "        "
 
@@ -226,32 +264,50 @@ class _Read(NamedTuple):
     flag: str = ""
 
 
-def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = False) -> list[str]:
-    """The time loop, in whole tiles of ``_TC`` steps and then the last ``_T % _TC`` steps one at a
-    time. A tile first loads every step's ``reads`` into tuples (``<seq>_tile``: nothing they load
-    depends on the recurrence, so ``_TC`` steps' loads are in flight at once), then runs its steps in
-    order from them. ``step``: the lines of one step once its reads are bound (indented as at the
-    loop's top level); ``move``: ``+=`` when time runs forward, ``-=`` when it runs backward; ``index``:
-    bind ``_s``, the loop's count of the step (for draws)."""
-    def each(template: str, walk: bool) -> list[str]:
+def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = False, blocks: bool = True) -> list[str]:
+    """The time loop: with ``_TC`` > 1, whole tiles of ``_TC`` steps, then the steps after the tiles one at a
+    time (all of them with ``_TC`` = 1, the loop pipelined ``_STAGES`` deep). Nothing a step ``reads``
+    depends on the recurrence, so a tile's loads are issued before any of its steps run, and the next
+    tile's before this one's steps (``blocks``: each read's tile as one ``[_TC, _BLOCK]`` block, taken apart
+    into its steps by ``_tile_rows``; else a tuple of one load a step, and no next tile in flight).
+    ``step``: the lines of one step once its reads are bound (indented as at the loop's top level);
+    ``move``: ``+=`` when time runs forward, ``-=`` when it runs backward; ``index``: bind ``_s``, the
+    loop's count of the step (for draws)."""
+    def each(template: str, walk: bool, *, by: str = "_N") -> list[str]:
         """A line per read from ``template`` (and its pointer's step when ``walk``), one branch per flag."""
         def of(r: _Read) -> list[str]:
             line = template.format(name=r.name, seq=r.seq, load=_load(f"{r.seq}_ptr"))
-            return [line, f"{r.seq}_ptr {move} _N"] if walk else [line]
+            return [line, f"{r.seq}_ptr {move} {by}"] if walk else [line]
         lines = [line for r in reads if not r.flag for line in of(r)]
         for flag in dict.fromkeys(r.flag for r in reads if r.flag):
             lines += [f"if {flag}:"] + [I1 + line for r in reads if r.flag == flag for line in of(r)]
         return lines
 
-    I3 = I2 + I1
-    lines = [f"{I1}_tiled = _T - _T % _TC  # the steps in whole tiles",
-             f"{I1}for _t0 in tl.range(0, _tiled, _TC, num_stages=_STAGES):"]
-    lines += [f"{I2}{r.seq}_tile = ()" for r in reads]
-    lines += [f"{I2}for _k in tl.static_range(_TC):  # the tile's loads first: all of them in flight together"]
-    lines += [I3 + line for line in each("{seq}_tile += ({load},)", True)]
-    lines += [f"{I2}for _k in tl.static_range(_TC):  # then its steps, in order"]
-    lines += [I3 + line for line in each("{name} = {seq}_tile[_k]", False) + (["_s = _t0 + _k"] if index else []) + step]
-    lines += [f"{I1}for _t in tl.range(_tiled, _T):  # the last _T % _TC steps, one at a time"]
+    I3, I4 = I2 + I1, I2 + I2
+    lines = [f"{I1}_tiled = 0  # the steps in whole tiles",
+             f"{I1}if _TC > 1:",
+             f"{I2}_tiled = _T - _T % _TC"]
+    if blocks:
+        tile_load = "_tile_load({seq}_ptr, _tile_offs, _tile_steps, _mask, {count}).to(_DTYPE)"
+        lines += [f"{I2}_tile_steps = _tile_steps_of(_TC)  # the step each row of a tile holds",
+                  f"{I2}_tile_offs = tl.cast(_tile_steps, tl.int64)[:, None] * {'-' if move == '-=' else ''}_N"]
+        lines += [I2 + line for line in each("{seq}_block = " + tile_load.format(seq="{seq}", count="_tiled"), False)]
+        lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]
+        lines += [f"{I3}# the next tile's loads: in flight while this tile's steps run"]
+        lines += [I3 + line for line in each("{seq}_ptr " + move + " _TC * _N", False)]
+        lines += [I3 + line for line in each("{seq}_next = " + tile_load.format(seq="{seq}", count="_tiled - _t0 - _TC"),
+                                             False)]
+        lines += [I3 + line for line in each("{seq}_tile = _tile_rows({seq}_block, _TC, _BLOCK)", False)]
+    else:
+        lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]
+        lines += [f"{I3}{r.seq}_tile = ()" for r in reads]
+        lines += [f"{I3}for _k in tl.static_range(_TC):  # the tile's loads first: all of them in flight together"]
+        lines += [I4 + line for line in each("{seq}_tile += ({load},)", True)]
+    lines += [f"{I3}for _k in tl.static_range(_TC):  # then its steps, in order"]
+    lines += [I4 + line for line in each("{name} = {seq}_tile[_k]", False) + (["_s = _t0 + _k"] if index else []) + step]
+    if blocks:
+        lines += [I3 + line for line in each("{seq}_block = {seq}_next", False)]
+    lines += [f"{I1}for _t in tl.range(_tiled, _T, num_stages=_STAGES):  # the steps after the tiles, one at a time"]
     lines += [I2 + line for line in each("{name} = {load}", True) + (["_s = _t"] if index else [])]
     lines += [I2 + line for line in step]
     return lines
@@ -367,7 +423,7 @@ def _backward_kernel(cores: Cores) -> str:
     step += [f"{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
     step += [f"{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
     step += [f"{p}_ptr -= _N" for p in grad_in]
-    lines += _time_loops(reads, step, "-=", bool(info.draws))
+    lines += _time_loops(reads, step, "-=", bool(info.draws), not tiled)
     lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
                                        for n in info.state_names])
     lines += _if("_CARRY_SUMS", [f"{I1}{_store(p, f'{n}__grad_sum')}" for n, p in zip(info.param_names, sums)])
@@ -522,7 +578,7 @@ def module_source(cores: Cores, header: str) -> str:
     """A complete Python module: imports, cores, every kernel variant and INFO."""
     recurrent = RECURRENT_VARIANTS if [kind for _, kind, _ in cores.info.recurrent] == ["output"] else ()
     kernels = "\n\n".join(kernel_source(cores, v) for v in VARIANTS + recurrent)
-    helpers = HEAVISIDE + ("\n\n" + SEGMENTED_ADD if cores.info.learnable_shaped else "")
+    helpers = HEAVISIDE + "\n\n" + TILES + ("\n\n" + SEGMENTED_ADD if cores.info.learnable_shaped else "")
     return (f"{header}\n"
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n"
             "from flexsn_dsl.codegen_triton import FlexSNInfo\n\n"

@@ -31,10 +31,11 @@ MAX_STAGES = 16
 MAX_TILE = 64  # the largest time tile a setting may ask for (each step of a tile is compiled code)
 MAX_CHUNK = 1 << 30  # the most steps a setting may ask a chunk of a time-parallel call to take
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis: the most chunks a call takes
-TILE = 16  # the built-in largest time tile
-TILE_CODE = 10_000  # characters of core source a built-in tile unrolls at most: Triton's compile time grows
-# faster than the code it compiles (on the CPU that builds it: 2.5 s for LIF's backward with tiles of 16 steps,
-# pipelined 2 deep; minutes for HH's)
+TILE = 64  # the built-in largest time tile
+TILE_VALUES = 128  # values a thread holds for a tile and the next one in flight: 2 tiles x reads x steps at most
+TILE_CODE = 40_000  # characters of core source a built-in tile unrolls at most: Triton's compile time grows
+# faster than the code it compiles (on an H200's host: LIF's inference kernel in 0.9 s with tiles of 32 steps,
+# 4.2 s with 64; pipelined 2 deep as tiles once were, HH's took minutes)
 MIN_COLS = 32  # the narrowest tile of the tiled backward: 128 contiguous bytes of float32 per row
 RECURRENT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot's input_precision for float32; the first is the default
 # Triton's compile options, passed at every launch: fused multiply-adds, Triton's default until 3.9 (3.10 makes
@@ -87,7 +88,8 @@ def _parse_settings(*raw: str | bytes | None) -> LaunchSettings:
                      "0 or a power of two from 16 to 4096", "the neurons each program walks through time (e.g. 64)")
     warps_n = _whole("FLEXSN_DSL_WARPS", warps, (0, 1, 2, 4, 8, 16), "0 or a power of two from 1 to 16",
                      "the warps of each program (e.g. 1)")
-    tile_n = _whole("FLEXSN_DSL_TIME_TILE", tile, range(MAX_TILE + 1), f"a whole number from 0 to {MAX_TILE}",
+    tile_n = _whole("FLEXSN_DSL_TIME_TILE", tile, [0] + [1 << k for k in range(MAX_TILE.bit_length())],
+                    f"0 or a power of two from 1 to {MAX_TILE}",
                     "the steps whose loads a program issues together (e.g. 16; 1 for no tiles)")
     product = precision.strip() or RECURRENT_PRECISIONS[0]
     if product not in RECURRENT_PRECISIONS:
@@ -147,17 +149,21 @@ class Kernels:
         # the rows of a chunk's map in the chunked scan: the entries of A, then b
         self.map_rows = len(compiled.parallel.pattern) + self.info.num_states if self.scans else 0
         self._plans: dict[tuple, Plan] = {}
-        # the built-in time tile's bound: TILE, or less for a step of more code (a power of two; 1: no tiles)
+        # the built-in time tile's bound, forward and backward: TILE, or less for a step of more code, and for a
+        # kernel of more reads (each read holds two tiles in registers: TILE_VALUES); a power of two, 1: no tiles
         code = max(len(inspect.getsource(getattr(self.module, core_name(self.name, d)).fn)) for d in CORES)
-        self.largest_tile = min(TILE, 1 << max((TILE_CODE // code).bit_length() - 1, 0))
+        reads = {"forward": self.info.num_inputs,
+                 "backward": self.info.num_outputs + len(set(self.info.c2k_return_mapping))}
+        self.largest_tiles = {d: min(TILE, _power_of_two(TILE_CODE // code), _power_of_two(TILE_VALUES // (2 * r)))
+                              for d, r in reads.items()}
 
-    def config(self, n: int, T: int, settings: LaunchSettings) -> dict:
+    def config(self, n: int, T: int, settings: LaunchSettings, direction: str = "forward") -> dict:
         """Launch meta-parameters for n neurons over T steps: the block of neurons a program walks
         through time (it does not depend on T), its warps, the time loop's pipelining depth and
-        time tile (``_TC``: steps whose loads are issued together); each one a setting gives
-        (:class:`LaunchSettings`), the heuristic's otherwise."""
+        time tile (``_TC``: steps whose loads are issued together; ``direction``: of the forward or the
+        backward kernels); each one a setting gives (:class:`LaunchSettings`), the heuristic's otherwise."""
         if self.interpret:  # (small: a CPU runs each program in turn)
-            block, tile = min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), _time_tile(T, CPU_TILE)
+            block, tile = min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), _time_tile(T, CPU_TILE, 2)
             return {"_BLOCK": settings.block or block, "_STAGES": 1, "_TC": settings.time_tile or tile}
         sms = _sm_count()
         if n >= LONG_NEURONS:
@@ -171,13 +177,16 @@ class Kernels:
             stages, tile = (2 if block >= 512 else 4), 1
         else:
             # Fewer neurons (usually over many steps) leave the memory idle while each program waits
-            # on its next step's loads: one-warp blocks down to 32 neurons for more programs than SMs,
-            # and time tiles, so that a program has a tile's loads in flight, and the next tile's
-            # (pipelined 2 deep; without tiles, 4 steps deep as before).
+            # on its next step's loads: one-warp blocks down to 32 neurons for more programs than SMs (16
+            # where even those are fewer than half the SMs), and time tiles, so that a program has a tile's
+            # loads in flight while the tile before runs (about T / 16 steps: measured on an H200,
+            # BENCHMARKS.md; without tiles, a loop pipelined 4 steps deep as before).
             block = 128
             while block > 32 and _cdiv(n, block) < 2 * sms:
                 block //= 2
-            tile = _time_tile(T, self.largest_tile)
+            if _cdiv(n, block) < sms // 2:
+                block = 16
+            tile = _time_tile(T, self.largest_tiles[direction], 16)
             warps, stages = 1, (2 if tile > 1 else 4)
         return {"_BLOCK": settings.block or block, "num_warps": settings.warps or warps,
                 "_STAGES": settings.stages or stages, "_TC": settings.time_tile or tile}
@@ -335,8 +344,11 @@ class Plan:
         # a sequential backward with learnable parameters can carry its running sums across launches (recompute)
         self.carries = bool(info.param_names) and "backward" not in scans
         carry = {"_CARRY_SUMS": False} if self.carries else {}
+        # the sequential backward's time tile: of its own reads (more of them than the forward's, as a rule)
+        backward = base if "backward" in scans else {**base, "_TC": kernels.config(self.n, self.T, settings,
+                                                                                  "backward")["_TC"]}
         self.backward_flags = {
-            flags: {**base, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2],
+            flags: {**backward, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2],
                     **carry}
             for flags in itertools.product((False, True), repeat=3)}
         # the same, carrying the running parameter-gradient sums across launches (recompute)
@@ -426,10 +438,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _time_tile(T: int, largest: int) -> int:
-    """The built-in time tile over T steps: a power of two, at most ``largest`` and half of T (two
-    whole tiles at least; 1, no tiles, below 4 steps)."""
-    return min(largest, 1 << max((T // 2).bit_length() - 1, 0))
+def _power_of_two(n: int) -> int:
+    """The largest power of two at most n (1 for n below 2)."""
+    return 1 << max(n.bit_length() - 1, 0)
+
+
+def _time_tile(T: int, largest: int, tiles: int) -> int:
+    """The built-in time tile over T steps: a power of two, at most ``largest`` and T / ``tiles`` (that many
+    whole tiles at least; 1, no tiles, below 2 * ``tiles`` steps)."""
+    return min(largest, _power_of_two(T // tiles))
 
 
 @functools.lru_cache(maxsize=None)

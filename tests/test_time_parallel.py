@@ -364,7 +364,7 @@ def test_chunks_fill_the_gpu_where_there_are_few_neurons(monkeypatch):
     """The built-in chunk on a GPU: whole tiles, enough chunks for about four programs an SM when the
     blocks of neurons are fewer, at least two tiles a chunk, none for a large layer."""
     monkeypatch.setattr(triton_runtime, "_sm_count", lambda: 132)
-    kernels = triton_runtime.Kernels(compile_spec(text=LI), torch.device("cpu"))
+    kernels = triton_runtime.Kernels(compile_spec(text=LI), torch.get_default_device())  # (CUDA on a GPU)
     kernels.interpret = False  # (the GPU's choice, worked out on any machine)
     settings = triton_runtime.launch_settings()
     meta = {"_BLOCK": 16, "_TC": 128}

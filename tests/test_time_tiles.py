@@ -20,8 +20,8 @@ from flexsn_dsl import triton_runtime as tr
 from flexsn_dsl.compiler import compile_spec
 
 NEURONS = Path(__file__).resolve().parents[1] / "neurons"
-CALLS = (7, 2, 8)  # steps of three calls that carry states: against tiles of 3 and 4, odd, short and whole
-TILES = (3, 4)
+CALLS = (7, 2, 8)  # steps of three calls that carry states: against tiles of 2, 4 and 8, odd, short and whole
+TILES = (2, 4, 8)
 # spec: (sizes, one step's shape); what each adds: two states (alif), two inputs and an input the backward
 # reads (modulated_lif), a continuous-time spec (izhikevich_ct), a learnable scalar (plif), learnable shaped
 # parameters: the tiled backward (plif_channel, per channel; lif_hetero_ct, per neuron), a recurrent spec
@@ -84,16 +84,17 @@ def test_time_tiles_give_the_bits_of_the_step_at_a_time_kernels(spec, monkeypatc
 
 
 def test_the_time_loop_is_tiled_in_forward_and_backward_kernels_only():
-    """Every block kernel walks tiles of _TC steps and then the rest one by one; the recurrent kernels,
-    one matrix product per step, do not."""
+    """Every block kernel walks tiles of _TC steps, each read as one block with the next tile's block in
+    flight, and then the rest one by one; the recurrent kernels, one matrix product per step, do not."""
     source = compile_spec(NEURONS / "rlif.yaml").triton_source
     kernels = source.split("@triton.jit\ndef ")[1:]
     by_name = {k[:k.index("(")]: k for k in kernels}
     for variant in ("inference", "inference_final_state", "forward", "forward_final_state", "backward"):
         body = by_name[f"rlif_{variant}_kernel"]
-        assert body.count("for _k in tl.static_range(_TC):") == 2, variant
-        assert "for _t0 in tl.range(0, _tiled, _TC, num_stages=_STAGES):" in body
-        assert "for _t in tl.range(_tiled, _T):" in body
+        assert body.count("for _k in tl.static_range(_TC):") == 1, variant
+        assert "for _t0 in tl.range(0, _tiled, _TC):" in body
+        assert "_tile_rows(" in body and "_tile_load(" in body
+        assert "for _t in tl.range(_tiled, _T, num_stages=_STAGES):" in body
     for variant in ("recurrent_forward", "recurrent_backward"):
         assert "_TC" not in by_name[f"rlif_{variant}_kernel"]
 
@@ -116,25 +117,33 @@ def test_launch_shapes_keep_many_neurons_as_they_were_and_tile_time_for_few(monk
     assert gpu.config(4 << 20, 8, UNSET) == {"_BLOCK": 1024, "num_warps": 4, "_STAGES": 2, "_TC": 1}
     assert gpu.config(1 << 18, 64, UNSET) == {"_BLOCK": 256, "num_warps": 2, "_STAGES": 4, "_TC": 1}
     assert gpu.config(65536, 500, UNSET) == {"_BLOCK": 64, "num_warps": 1, "_STAGES": 4, "_TC": 1}
-    # fewer: one-warp blocks small enough for more programs than SMs (down to 32 neurons), tiles of 16 steps
-    assert gpu.config(8192, 1000, UNSET) == {"_BLOCK": 32, "num_warps": 1, "_STAGES": 2, "_TC": 16}
+    # fewer: one-warp blocks small enough for more programs than SMs (down to 32 neurons), tiles of about T / 16
+    assert gpu.config(8192, 1000, UNSET) == {"_BLOCK": 32, "num_warps": 1, "_STAGES": 2, "_TC": 32}
     assert gpu.config(32768, 500, UNSET)["_BLOCK"] == 64  # 512 programs
-    assert gpu.config(256, 1000, UNSET)["_BLOCK"] == 32  # batch-1 streaming: 8 programs
-    # the tile: a power of two, at most half of T
-    assert [gpu.config(4096, T, UNSET)["_TC"] for T in (1, 3, 4, 8, 15, 16, 32, 4096)] == [1, 1, 2, 4, 4, 8, 16, 16]
+    assert gpu.config(4096, 4096, UNSET)["_BLOCK"] == 32  # 128 programs
+    assert gpu.config(256, 1000, UNSET)["_BLOCK"] == 16  # batch-1 streaming: 16 programs, not 8
+    # the tile: a power of two, at most T / 16 and the largest for the spec and direction (LIF: 64 and 32)
+    assert [gpu.config(4096, T, UNSET)["_TC"] for T in (1, 31, 32, 64, 500, 1000, 4096)] == [1, 1, 2, 4, 16, 32, 64]
+    assert [gpu.config(4096, T, UNSET, "backward")["_TC"] for T in (500, 1000, 4096)] == [16, 32, 32]
     assert gpu.config(4096, 3, UNSET)["_STAGES"] == 4  # no tiles: the step-at-a-time loop pipelined as before
 
 
 def test_the_built_in_tile_unrolls_a_bounded_amount_of_code(monkeypatch):
     """Compile time grows faster than a tile's code: a step of more code gets smaller tiles (a power of
-    two, at most TILE_CODE characters of core source), HH's none."""
-    for spec, largest in (("lif", 16), ("izhikevich_ct", 8), ("adex_ct", 2), ("hh", 1)):
+    two, at most TILE_CODE characters of core source); a kernel that reads more sequences too (two tiles
+    of each in registers, TILE_VALUES values at most)."""
+    for spec, largest in (("lif", (64, 32)), ("izhikevich_ct", (32, 8)), ("adex_ct", (8, 8)), ("hh", (2, 2))):
         gpu = _gpu_kernels(monkeypatch, spec)
         code = max(len(inspect.getsource(getattr(gpu.module, f"{spec}_{d}_core").fn)) for d in ("forward", "backward"))
-        assert gpu.largest_tile == largest
-        assert largest * code <= tr.TILE_CODE < 2 * largest * code or largest in (1, tr.TILE)
-        assert gpu.config(8192, 1000, UNSET)["_TC"] == largest
-    assert gpu.config(8192, 1000, UNSET)["_STAGES"] == 4  # (HH: no tiles)
+        assert (gpu.largest_tiles["forward"], gpu.largest_tiles["backward"]) == largest
+        for tile in largest:
+            assert tile * code <= tr.TILE_CODE or tile == 1
+        info = gpu.info
+        reads = {"forward": info.num_inputs, "backward": info.num_outputs + len(set(info.c2k_return_mapping))}
+        for direction, tile in zip(("forward", "backward"), largest):
+            assert 2 * reads[direction] * tile <= tr.TILE_VALUES
+            assert tile == tr.TILE or 2 * tile * code > tr.TILE_CODE or 4 * reads[direction] * tile > tr.TILE_VALUES
+            assert gpu.config(8192, 4096, UNSET, direction)["_TC"] == tile
 
 
 def test_launch_settings_override_each_choice(monkeypatch):
@@ -173,7 +182,8 @@ print(kernel.asm["ptx"])
 @pytest.mark.parametrize("spec,variant", [("lif", "forward"), ("lif", "backward"), ("plif_channel", "backward")])
 def test_tiles_compile_for_a_gpu(spec, variant, tmp_path):
     """Compiled offline for an NVIDIA GPU (Triton's own toolchain; the interpreter does not check what its
-    compiler accepts): a tile's tuples, pipelined, in the block kernels and the tiled backward."""
+    compiler accepts): a tile's blocks taken apart (block kernels) or its tuple of loads (the tiled backward), and
+    the steps after the tiles pipelined."""
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0", FLEXSN_DSL_CACHE=str(tmp_path), PYTHONPATH=str(NEURONS.parent),
                TRITON_CACHE_DIR=str(tmp_path / "triton"))
