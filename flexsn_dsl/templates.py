@@ -10,9 +10,8 @@ chosen by the runtime from the neurons and steps of a call), then the last ``_T 
 a time (all of them when ``_TC`` is 1: a plain loop, pipelined ``_STAGES`` deep). Nothing a step reads
 (inputs; backward: upstream gradients and kept values) depends on the recurrence, so each read's tile
 is one ``[_TC, _BLOCK]`` load, and the next tile's load is issued before this tile's steps run: two
-tiles' loads in flight. ``_tile_rows`` takes a tile apart into its steps in registers (halving it into
-neighbouring pairs, so row r lands at place bitreverse(r): ``_tile_steps_of`` loads step k into that
-row). Then the steps run in order, storing each step's results as it goes. Each step does the
+tiles' loads in flight. ``_tile_rows`` takes a tile apart into its steps in registers (``tl.split``
+halves it into neighbouring pairs until single steps are left). Then the steps run in order, storing each step's results as it goes. Each step does the
 arithmetic of a step of the loop after the tiles: every ``_TC`` gives the same bits in the interpreter
 (compiled, the compiler may contract multiply-adds differently in the two loops). Few neurons over
 many steps need tiles to keep the memory busy; with many neurons the runtime launches ``_TC = 1``.
@@ -86,39 +85,29 @@ def _segmented_add(a, a_segment, b, b_segment):
     return tl.where(a_segment == b_segment, a + b, b), b_segment
 '''
 TILES = '''@triton.jit
-def _tile_steps_of(TC: tl.constexpr):
-    """The step of a tile each of its rows holds: row r holds step bitreverse(r) (over log2 TC bits), the
-    place where _tile_rows hands that row out."""
-    k = tl.arange(0, TC)
-    steps = tl.zeros_like(k)
-    for b in tl.static_range(6):
-        if (1 << b) < TC:
-            steps = steps * 2 + (k >> b) % 2
-    return steps
-
-
-@triton.jit
-def _tile_load(ptrs, offs, steps, mask, count):
-    """A tile of a block of neurons' values from ``ptrs`` (the tile's first step) and ``offs`` (each row's
-    step, in elements), the rows whose step is ``count`` or more left out."""
-    return tl.load(ptrs[None, :] + offs, mask=mask[None, :] & (steps[:, None] < count), other=0.0)
+def _tile_load(ptrs, offs, mask, count):
+    """A tile of a block of neurons' values from ``ptrs`` (the tile's first step) and ``offs`` (row k's step,
+    [TC, 1], in elements): none if ``count``, the steps left in whole tiles, is 0."""
+    return tl.load(ptrs[None, :] + offs, mask=mask[None, :] & (tl.zeros_like(offs) < count), other=0.0)
 
 
 @triton.jit
 def _tile_rows(tile, TC: tl.constexpr, BLOCK: tl.constexpr):
-    """The TC rows of a [TC, BLOCK] tile as a tuple of [BLOCK] values: the steps halved into neighbouring
-    pairs until one is left, so that row bitreverse(k) ends up at place k."""
+    """The TC rows of a [TC, BLOCK] tile as a tuple of [BLOCK] values, in order: each part (the steps of one
+    residue modulo a power of two, in order) split into its even and odd places, the evens first."""
     parts = (tl.trans(tile),)
     for level in tl.static_range(6):
         if (1 << level) < TC:
-            halves = ()
+            evens = ()
+            odds = ()
             for j in tl.static_range(1 << level):
                 even, odd = tl.split(tl.reshape(parts[j], [BLOCK, TC >> (level + 1), 2]))
-                halves += (even, odd)
-            parts = halves
+                evens += (even,)
+                odds += (odd,)
+            parts = evens + odds
     rows = ()
-    for j in tl.static_range(TC):
-        rows += (tl.reshape(parts[j], [BLOCK]),)
+    for k in tl.static_range(TC):
+        rows += (tl.reshape(parts[k], [BLOCK]),)
     return rows
 '''
 I1, I2 = "    ", "        "
@@ -288,9 +277,9 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
              f"{I1}if _TC > 1:",
              f"{I2}_tiled = _T - _T % _TC"]
     if blocks:
-        tile_load = "_tile_load({seq}_ptr, _tile_offs, _tile_steps, _mask, {count}).to(_DTYPE)"
-        lines += [f"{I2}_tile_steps = _tile_steps_of(_TC)  # the step each row of a tile holds",
-                  f"{I2}_tile_offs = tl.cast(_tile_steps, tl.int64)[:, None] * {'-' if move == '-=' else ''}_N"]
+        tile_load = "_tile_load({seq}_ptr, _tile_offs, _mask, {count}).to(_DTYPE)"
+        lines += [f"{I2}_tile_offs = tl.cast(tl.arange(0, _TC), tl.int64)[:, None] * {'-' if move == '-=' else ''}_N"
+                  "  # row k: step k of a tile"]
         lines += [I2 + line for line in each("{seq}_block = " + tile_load.format(seq="{seq}", count="_tiled"), False)]
         lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]
         lines += [f"{I3}# the next tile's loads: in flight while this tile's steps run"]
