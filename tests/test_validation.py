@@ -321,20 +321,23 @@ def test_names_next_to_the_refused_ones_build_and_run(text, backend):
             assert torch.allclose(out[1][t], v) and torch.equal(out[2][t], x[t])
 
 
+HELPERS = {"_heaviside", "_tile_load", "_tile_rows"}
+
+
 def test_generated_names_are_the_generated_modules_functions():
     """names.generated_names lists exactly the top-level functions the Triton module defines
-    from the neuron's name (plus the shared helper _heaviside, and the scans' combines of a
-    time-parallel spec such as this one, without a reset)."""
+    from the neuron's name (plus the shared helpers _heaviside, _tile_load and _tile_rows, and the scans'
+    combines of a time-parallel spec such as this one, without a reset)."""
     compiled = compile_spec(text=simple(neuron="lif"))
     tree = ast.parse(compiled.triton_source)
     functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
-    assert functions == generated_names("lif", recurrent=False) | {"_heaviside", "_compose", "_compose_adjoint"}
+    assert functions == generated_names("lif", recurrent=False) | {*HELPERS, "_compose", "_compose_adjoint"}
     recurrent = compile_spec(text=simple(neuron="lif", input="x", param="w").replace("x * w", "(x + r) * w")
                              + "recurrent: {r: {from: s}}\n")
     assert recurrent.model.recurrent
     tree = ast.parse(recurrent.triton_source)
     functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
-    assert functions == generated_names("lif", scan=False) | {"_heaviside"}
+    assert functions == generated_names("lif", scan=False) | HELPERS
 
 
 def test_module_attributes_cover_the_real_module():
