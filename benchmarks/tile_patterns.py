@@ -51,60 +51,50 @@ def seq(x_ptr, s_ptr, T, N, BLOCK: tl.constexpr, STAGES: tl.constexpr):
 '''
 
 
+def _kernel(name: str, tc: int, body: list[str]) -> str:
+    """A kernel walking T in whole tiles of tc steps (``body``: the lines of that loop and what comes before
+    it, from ``xp``, ``sp`` and ``tiled``), then the last T % tc steps one at a time."""
+    lines = ["", "", "@triton.jit", f"def {name}{tc}(x_ptr, s_ptr, T, N, BLOCK: tl.constexpr, STAGES: tl.constexpr):",
+             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+             "    mask = offs < N",
+             "    v = tl.zeros([BLOCK], tl.float32)",
+             "    xp = x_ptr + offs",
+             "    sp = s_ptr + offs",
+             f"    tiled = T - T % {tc}",
+             *body,
+             "    for t in tl.range(tiled, T):",
+             "        s, v = core(tl.load(x_ptr + t * N + offs, mask=mask, other=0.0), v)",
+             "        tl.store(s_ptr + t * N + offs, s, mask=mask)"]
+    return "\n".join(lines) + "\n"
+
+
+def _steps(values: list[str]) -> list[str]:
+    """A tile's steps from its values in order, each step's spikes stored."""
+    return [line for k, x in enumerate(values)
+            for line in (f"        s, v = core({x}, v)", f"        tl.store(sp + {k} * N, s, mask=mask)")]
+
+
+def _advance(tc: int) -> list[str]:
+    return [f"        xp += {tc} * N", f"        sp += {tc} * N"]
+
+
 def _tile(tc: int) -> str:
     """Today's time tiles: a tile's loads, then its steps; the last T % TC steps one at a time."""
-    loads = "\n".join(f"        x{k} = tl.load(xp + {k} * N, mask=mask, other=0.0)" for k in range(tc))
-    steps = "\n".join(f"        s, v = core(x{k}, v)\n        tl.store(sp + {k} * N, s, mask=mask)" for k in range(tc))
-    return f'''
-
-@triton.jit
-def tile{tc}(x_ptr, s_ptr, T, N, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    v = tl.zeros([BLOCK], tl.float32)
-    xp = x_ptr + offs
-    sp = s_ptr + offs
-    tiled = T - T % {tc}
-    for t0 in tl.range(0, tiled, {tc}, num_stages=STAGES):
-{loads}
-{steps}
-        xp += {tc} * N
-        sp += {tc} * N
-    for t in tl.range(tiled, T):
-        s, v = core(tl.load(x_ptr + t * N + offs, mask=mask, other=0.0), v)
-        tl.store(s_ptr + t * N + offs, s, mask=mask)
-'''
+    return _kernel("tile", tc, [f"    for t0 in tl.range(0, tiled, {tc}, num_stages=STAGES):",
+                                *(f"        x{k} = tl.load(xp + {k} * N, mask=mask, other=0.0)" for k in range(tc)),
+                                *_steps([f"x{k}" for k in range(tc)]), *_advance(tc)])
 
 
 def _prefetch(tc: int) -> str:
     """Tiles whose next tile's loads go out before this tile's steps run."""
-    first = "\n".join(f"    x{k} = tl.load(xp + {k} * N, mask=first, other=0.0)" for k in range(tc))
-    nxt = "\n".join(f"        n{k} = tl.load(xp + {tc + k} * N, mask=more, other=0.0)" for k in range(tc))
-    steps = "\n".join(f"        s, v = core(x{k}, v)\n        tl.store(sp + {k} * N, s, mask=mask)" for k in range(tc))
-    rotate = "\n".join(f"        x{k} = n{k}" for k in range(tc))
-    return f'''
-
-@triton.jit
-def prefetch{tc}(x_ptr, s_ptr, T, N, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    v = tl.zeros([BLOCK], tl.float32)
-    xp = x_ptr + offs
-    sp = s_ptr + offs
-    tiled = T - T % {tc}
-    first = offs < tl.where(tiled > 0, N, 0)  # (whole tiles are loaded or none of a tile)
-{first}
-    for t0 in tl.range(0, tiled, {tc}, num_stages=1):
-        more = offs < tl.where(t0 + {tc} < tiled, N, 0)
-{nxt}
-{steps}
-{rotate}
-        xp += {tc} * N
-        sp += {tc} * N
-    for t in tl.range(tiled, T):
-        s, v = core(tl.load(x_ptr + t * N + offs, mask=mask, other=0.0), v)
-        tl.store(s_ptr + t * N + offs, s, mask=mask)
-'''
+    return _kernel("prefetch", tc, [
+        "    first = offs < tl.where(tiled > 0, N, 0)  # (whole tiles are loaded or none of a tile)",
+        *(f"    x{k} = tl.load(xp + {k} * N, mask=first, other=0.0)" for k in range(tc)),
+        f"    for t0 in tl.range(0, tiled, {tc}, num_stages=1):",
+        f"        more = offs < tl.where(t0 + {tc} < tiled, N, 0)",
+        *(f"        n{k} = tl.load(xp + {tc + k} * N, mask=more, other=0.0)" for k in range(tc)),
+        *_steps([f"x{k}" for k in range(tc)]),
+        *(f"        x{k} = n{k}" for k in range(tc)), *_advance(tc)])
 
 
 def _rows(name: str, tc: int, indent: str) -> tuple[list[str], list[str]]:
@@ -129,31 +119,14 @@ def _rows(name: str, tc: int, indent: str) -> tuple[list[str], list[str]]:
 def _split(tc: int) -> str:
     """Tiles loaded as one block each, the next block's loads out before this tile's steps."""
     take, cols = _rows("a", tc, "        ")
-    steps = "\n".join(f"        s, v = core({c}, v)\n        tl.store(sp + {k} * N, s, mask=mask)"
-                      for k, c in enumerate(cols))
-    return f'''
-
-@triton.jit
-def split{tc}(x_ptr, s_ptr, T, N, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    v = tl.zeros([BLOCK], tl.float32)
-    tt = tl.arange(0, {tc})
-    sp = s_ptr + offs
-    tiled = T - T % {tc}
-    block = tl.load(x_ptr + tt[:, None] * N + offs[None, :], mask=mask[None, :] & (tt[:, None] < tiled), other=0.0)
-    for t0 in tl.range(0, tiled, {tc}, num_stages=1):
-        nxt = tl.load(x_ptr + (t0 + {tc} + tt[:, None]) * N + offs[None, :],
-                      mask=mask[None, :] & (t0 + {tc} + tt[:, None] < tiled), other=0.0)
-        a = tl.trans(block)
-{chr(10).join(take)}
-{steps}
-        block = nxt
-        sp += {tc} * N
-    for t in tl.range(tiled, T):
-        s, v = core(tl.load(x_ptr + t * N + offs, mask=mask, other=0.0), v)
-        tl.store(s_ptr + t * N + offs, s, mask=mask)
-'''
+    return _kernel("split", tc, [
+        f"    tt = tl.arange(0, {tc})",
+        "    block = tl.load(xp[None, :] + tt[:, None] * N, mask=mask[None, :] & (tt[:, None] < tiled), other=0.0)",
+        f"    for t0 in tl.range(0, tiled, {tc}, num_stages=1):",
+        f"        nxt = tl.load(xp[None, :] + ({tc} + tt[:, None]) * N,",
+        f"                      mask=mask[None, :] & (t0 + {tc} + tt[:, None] < tiled), other=0.0)",
+        "        a = tl.trans(block)", *take, *_steps(cols),
+        "        block = nxt", *_advance(tc)])
 
 
 def build(tiles: list[int]):
@@ -185,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
               f"copy bandwidth {bw / 1e12:.3f} TB/s")
     kernels = [(f"seq stages={st}", mod.seq, st) for st in stages]
-    kernels += [(f"{kind}{tc}", getattr(mod, f"{kind}{tc}"), st) for tc in tiles for kind in ("tile", "prefetch", "split")
-                for st in ((1, 2) if kind == "tile" else (1,))]
+    kernels += [(f"{kind}{tc}", getattr(mod, f"{kind}{tc}"), st) for tc in tiles
+                for kind in ("tile", "prefetch", "split") for st in ((1, 2) if kind == "tile" else (1,))]
     for T, N in shapes:
         x = torch.rand(T, N, device=device) * 1.5
         ref = None
@@ -208,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
                 if ref is None:
                     ref = s.clone()
                 wrong = (s != ref).float().mean().item()
-                line = f"  BLOCK={block:3d} {label:18s} stages={st}  first call {first:6.2f} s  spikes differing {wrong:.1e}"
+                line = (f"  BLOCK={block:3d} {label:18s} stages={st}  first call {first:6.2f} s  "
+                        f"spikes differing {wrong:.1e}")
                 if cuda:
                     ms = graph_replay_ms(launch)
                     line += f"  {ms * 1e3:8.2f} us  {ms / (8 * T * N / bw * 1e3):5.2f}x floor"

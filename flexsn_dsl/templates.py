@@ -11,13 +11,13 @@ a time (all of them when ``_TC`` is 1: a plain loop, pipelined ``_STAGES`` deep)
 (inputs; backward: upstream gradients and kept values) depends on the recurrence, so each read's tile
 is one ``[_TC, _BLOCK]`` load, and the next tile's load is issued before this tile's steps run: two
 tiles' loads in flight. ``_tile_rows`` takes a tile apart into its steps in registers (``tl.split``
-halves it into neighbouring pairs until single steps are left). Then the steps run in order, storing each step's results as it goes. Each step does the
-arithmetic of a step of the loop after the tiles: every ``_TC`` gives the same bits in the interpreter
-(compiled, the compiler may contract multiply-adds differently in the two loops). Few neurons over
-many steps need tiles to keep the memory busy; with many neurons the runtime launches ``_TC = 1``.
-A tile's steps are unrolled, and compile time grows faster than ``_TC``: the runtime keeps tiles of
-large steps small. The tiled backward (learnable shaped parameters, ``[_ROWS, _COLS]`` tiles of the
-step) loads its tiles as tuples of one load a step instead.
+halves it into neighbouring pairs until single steps are left). Then the steps run in order, storing
+each step's results as it goes. Each step does the arithmetic of a step of the loop after the tiles:
+every ``_TC`` gives the same bits in the interpreter (compiled, the compiler may contract multiply-adds
+differently in the two loops). Few neurons over many steps need tiles to keep the memory busy; with
+many neurons the runtime launches ``_TC = 1``. A tile's steps are unrolled, and compile time grows
+faster than ``_TC``: the runtime keeps tiles of large steps small. The tiled backward (learnable shaped
+parameters, ``[_ROWS, _COLS]`` tiles of the step) loads its tiles as tuples of one load a step instead.
 
 Variants:
   inference              outputs and state sequences
@@ -284,8 +284,8 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
         lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]
         lines += [f"{I3}# the next tile's loads: in flight while this tile's steps run"]
         lines += [I3 + line for line in each("{seq}_ptr " + move + " _TC * _N", False)]
-        lines += [I3 + line for line in each("{seq}_next = " + tile_load.format(seq="{seq}", count="_tiled - _t0 - _TC"),
-                                             False)]
+        following = tile_load.format(seq="{seq}", count="_tiled - _t0 - _TC")
+        lines += [I3 + line for line in each("{seq}_next = " + following, False)]
         lines += [I3 + line for line in each("{seq}_tile = _tile_rows({seq}_block, _TC, _BLOCK)", False)]
     else:
         lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]
@@ -293,7 +293,8 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
         lines += [f"{I3}for _k in tl.static_range(_TC):  # the tile's loads first: all of them in flight together"]
         lines += [I4 + line for line in each("{seq}_tile += ({load},)", True)]
     lines += [f"{I3}for _k in tl.static_range(_TC):  # then its steps, in order"]
-    lines += [I4 + line for line in each("{name} = {seq}_tile[_k]", False) + (["_s = _t0 + _k"] if index else []) + step]
+    lines += [I4 + line for line in each("{name} = {seq}_tile[_k]", False) + (["_s = _t0 + _k"] if index else [])]
+    lines += [I4 + line for line in step]
     if blocks:
         lines += [I3 + line for line in each("{seq}_block = {seq}_next", False)]
     lines += [f"{I1}for _t in tl.range(_tiled, _T, num_stages=_STAGES):  # the steps after the tiles, one at a time"]

@@ -348,8 +348,8 @@ class Plan:
         backward = base if "backward" in scans else {**base, "_TC": kernels.config(self.n, self.T, settings,
                                                                                   "backward")["_TC"]}
         self.backward_flags = {
-            flags: {**backward, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1], "_WRITE_INIT_GRADS": flags[2],
-                    **carry}
+            flags: {**backward, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1],
+                    "_WRITE_INIT_GRADS": flags[2], **carry}
             for flags in itertools.product((False, True), repeat=3)}
         # the same, carrying the running parameter-gradient sums across launches (recompute)
         self.carrying_flags = {flags: {**keywords, "_CARRY_SUMS": True} for flags, keywords in self.backward_flags.items()}
