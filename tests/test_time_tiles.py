@@ -37,7 +37,8 @@ CASES = {
 }
 
 
-def _calls(spec: str, backend: str, monkeypatch, tile: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _calls(spec: str, backend: str, monkeypatch, tile: int = 0,
+           calls: tuple[int, ...] = CALLS) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Outputs, state sequences, final states, and the gradients of the inputs and parameters of a
     loss on all of them, over three calls from the same random inputs (float64; blocks of 16 neurons:
     two programs, the second partly masked)."""
@@ -49,7 +50,7 @@ def _calls(spec: str, backend: str, monkeypatch, tile: int = 0) -> tuple[list[to
     m = flexsn_dsl.load(NEURONS / f"{spec}.yaml", sizes=sizes, backend=backend,
                         store_state_seqs=not recurrent).double()
     inputs = [[(torch.rand(T, *shape, dtype=torch.float64) * 2).requires_grad_() for _ in m.spec.inputs]
-              for T in CALLS]
+              for T in calls]
     results, loss = [], 0
     for xs in inputs:
         ys = m(*xs)
@@ -81,6 +82,21 @@ def test_time_tiles_give_the_bits_of_the_step_at_a_time_kernels(spec, monkeypatc
     for got, expected in zip((results, grads), _calls(spec, "torch", monkeypatch)):
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["lif", "alif"])
+def test_the_largest_tiles_give_the_bits_of_the_step_at_a_time_kernels(spec, monkeypatch):
+    """Tiles of 32 and 64 steps, as a GPU takes them for long sequences (their blocks taken apart over five and
+    six levels of pairs), over two whole tiles and a rest, and a call shorter than a tile."""
+    calls = (2 * 64 + 3, 9, 40)
+    results, grads = _calls(spec, "triton", monkeypatch, tile=1, calls=calls)
+    for tile in (32, 64):
+        for got, expected in zip(_calls(spec, "triton", monkeypatch, tile, calls), (results, grads)):
+            for a, b in zip(got, expected):
+                if tr.interpreting():
+                    assert torch.equal(a, b), f"tile {tile}"
+                else:
+                    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
 def test_the_time_loop_is_tiled_in_forward_and_backward_kernels_only():
