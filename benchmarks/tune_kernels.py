@@ -32,9 +32,10 @@ print(f"copy bandwidth {bw / 1e12:.3f} TB/s; saved per step: {info.saved_names} 
 if os.environ.get("TUNE_LONG"):  # only the long-sequence, few-neuron cases, with small blocks and time tiles
     cases = [(T, N, torch.float32) for T, N in ((100, 65536), (500, 65536), (500, 8192), (1000, 8192), (4096, 4096),
                                                 (1000, 256))]
-    # (stages, tile) pairs that compile in seconds for LIF: larger tiles pipelined deeper take minutes
-    configs = [(b, 1, st, tc) for b in (32, 64)
-               for st, tc in ((1, 1), (4, 1), (8, 1), (16, 1), (1, 8), (2, 8), (4, 8), (1, 16), (2, 16), (1, 32))]
+    # without tiles, the step-at-a-time loop's pipelining depth; with tiles (the next tile prefetched by the
+    # kernel itself: stages only pipeline the steps after the tiles), their size; tiles of 64 compile in seconds
+    configs = [(b, 1, st, tc) for b in (16, 32, 64)
+               for st, tc in ((4, 1), (8, 1), (16, 1), (2, 8), (2, 16), (2, 32), (2, 64))]
 else:
     cases = [(8, 4 << 20, torch.float32), (64, 1 << 20, torch.float32), (1024, 1 << 16, torch.float32),
              (64, 1 << 20, torch.bfloat16), (8, 4 << 20, torch.bfloat16)]
