@@ -80,15 +80,17 @@ for T, N, dtype in cases:
         best_rows.append(row)
     # the heuristic the runtime uses today
     from flexsn_dsl.triton_runtime import Kernels, launch_settings
-    cfg = Kernels(m._compiled, torch.device("cuda")).config(N, T, launch_settings())
+    kernels = Kernels(m._compiled, torch.device("cuda"))
+    cfg, cfg_b = (kernels.config(N, T, launch_settings(), d) for d in ("forward", "backward"))
     grid = (triton.cdiv(N, cfg["_BLOCK"]),)
     ms_i = do_bench(lambda: inf_k[grid](x, init, s, final, T, N, _DTYPE=tl.float32, **FWD_FLAGS, **cfg),
                     return_mode="median")
     ms_f = do_bench(lambda: fwd_k[grid](x, init, s, *saved, final, T, N, _DTYPE=tl.float32, **FWD_FLAGS, **cfg),
                     return_mode="median")
     ms_b = do_bench(lambda: bwd_k[grid](gs, gfinal, gfinal, *saved, x, s, gx, ginit, T, N, _DTYPE=tl.float32,
-                                        **BWD_FLAGS, **cfg), return_mode="median")
-    row = f"T={T:<5d} N={N:<8d} {str(dtype):15s} heuristic {cfg}: inference {ms_i:.4f} forward {ms_f:.4f} backward {ms_b:.4f}"
+                                        **BWD_FLAGS, **cfg_b), return_mode="median")
+    row = (f"T={T:<5d} N={N:<8d} {str(dtype):15s} heuristic {cfg} (backward tile {cfg_b['_TC']}): "
+           f"inference {ms_i:.4f} forward {ms_f:.4f} backward {ms_b:.4f}")
     print(row, flush=True)
     best_rows.append(row)
 print("\n".join(["", "SUMMARY"] + best_rows))

@@ -279,11 +279,12 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
     if blocks:
         tile_load = "_tile_load({seq}_ptr, _tile_offs, _mask, {count}).to(_DTYPE)"
         lines += [f"{I2}_tile_offs = tl.cast(tl.arange(0, _TC), tl.int64)[:, None] * {'-' if move == '-=' else ''}_N"
-                  "  # row k: step k of a tile"]
+                  "  # row k: step k of a tile",
+                  f"{I2}_tile_step = _TC * tl.cast(_N, tl.int64)  # a tile's elements (int64: _TC * _N may not fit int32)"]
         lines += [I2 + line for line in each("{seq}_block = " + tile_load.format(seq="{seq}", count="_tiled"), False)]
         lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]
         lines += [f"{I3}# the next tile's loads: in flight while this tile's steps run"]
-        lines += [I3 + line for line in each("{seq}_ptr " + move + " _TC * _N", False)]
+        lines += [I3 + line for line in each("{seq}_ptr " + move + " _tile_step", False)]
         following = tile_load.format(seq="{seq}", count="_tiled - _t0 - _TC")
         lines += [I3 + line for line in each("{seq}_next = " + following, False)]
         lines += [I3 + line for line in each("{seq}_tile = _tile_rows({seq}_block, _TC, _BLOCK)", False)]

@@ -162,6 +162,18 @@ def test_the_built_in_tile_unrolls_a_bounded_amount_of_code(monkeypatch):
             assert gpu.config(8192, 4096, UNSET, direction)["_TC"] == tile
 
 
+def test_a_plan_launches_the_backward_with_the_backward_tile(monkeypatch):
+    """The backward reads more sequences than the forward (LIF: two against one): its launches take its own,
+    smaller tile; a setting gives both the same."""
+    gpu = _gpu_kernels(monkeypatch)
+    plan = gpu.plan(torch.Size([4096, 4096]), torch.float32, UNSET)
+    assert plan.read_init["_TC"] == plan.const_init["_TC"] == 64
+    assert {flags["_TC"] for flags in plan.backward_flags.values()} == {32}
+    assert {flags["_TC"] for flags in plan.carrying_flags.values()} == {32}  # (recompute's chunks)
+    given = gpu.plan(torch.Size([4096, 4096]), torch.float32, UNSET._replace(time_tile=8))
+    assert given.read_init["_TC"] == 8 and {flags["_TC"] for flags in given.backward_flags.values()} == {8}
+
+
 def test_launch_settings_override_each_choice(monkeypatch):
     gpu = _gpu_kernels(monkeypatch)
     given = UNSET._replace(stages=3, block=128, warps=2, time_tile=8)
@@ -206,4 +218,4 @@ def test_tiles_compile_for_a_gpu(spec, variant, tmp_path):
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, str(NEURONS / f"{spec}.yaml"), variant], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count(".entry") == 1 and "cp.async" in done.stdout  # the tile's loads: pipelined copies
+    assert done.stdout.count(".entry") == 1 and "cp.async" in done.stdout  # the steps after the tiles: pipelined
