@@ -207,9 +207,11 @@ def _forward_kernel(cores: Cores, affine: Affine, variant: str, p: Printer) -> s
     return "\n".join(lines) + "\n"
 
 
-def _summary_start(pattern: tuple[tuple[int, int], ...], k: int) -> list[str]:
-    """The chunk's map so far, ``_S`` (entries of the matrix) and ``_Sb`` (the offset): the identity."""
-    return [f"{I1}_S{i}_{j} = tl.full([_BLOCK], {1.0 if i == j else 0.0}, _DTYPE)" for i, j in pattern] + \
+def _summary_start(info: FlexSNInfo, pattern: tuple[tuple[int, int], ...], k: int) -> list[str]:
+    """A summary kernel's block, parameters, seed, chunk and tile of steps, then the chunk's map so far, ``_S``
+    (entries of the matrix) and ``_Sb`` (the offset): the identity."""
+    lines = _head() + _params_load(info) + _seed_load(info, "_N", False) + _chunk_head([], "") + _steps_head(BLOCK)
+    return lines + [f"{I1}_S{i}_{j} = tl.full([_BLOCK], {1.0 if i == j else 0.0}, _DTYPE)" for i, j in pattern] + \
         [f"{I1}_Sb{i} = tl.zeros([_BLOCK], dtype=_DTYPE)" for i in range(k)]
 
 
@@ -239,8 +241,7 @@ def _summary_kernel(cores: Cores, affine: Affine, p: Printer) -> str:
     ], "")
     lines += [f'{I1}"""The map of a chunk of steps of {info.neuron} (the states before it to those after it), '
               f'for one block of neurons."""']
-    lines += _head() + _params_load(info) + _seed_load(info, "_N", False) + _chunk_head([], "") + _steps_head(BLOCK)
-    lines += _summary_start(affine.pattern, k)
+    lines += _summary_start(info, affine.pattern, k)
     lines += [f"{I1}for _t0 in tl.range(_cs, _ce, _TC):",
               f"{I2}_steps = _t0 + _tt",
               f"{I2}_here = (_steps[:, None] < _ce) & _mask[None, :]",
@@ -348,8 +349,7 @@ def _adjoint_summary_kernel(cores: Cores, affine: Affine) -> str:
     ], ", _HAS_STATE_GRADS: tl.constexpr")
     lines += [f'{I1}"""The adjoint map of a chunk of steps of {info.neuron} (the state gradients after it to '
               f'those before it), for one block of neurons."""']
-    lines += _head() + _params_load(info) + _seed_load(info, "_N", False) + _chunk_head([], "") + _steps_head(BLOCK)
-    lines += _summary_start(adjoint, k)
+    lines += _summary_start(info, adjoint, k)
     lines += _reverse_loop(BLOCK) + [f"{I2}# row r: the adjoint map of its step; the scan's last row, the tile's"]
     lines += _adjoint_rows(cores, affine, BLOCK, shifted=False)
     lines += [f"{I2}_last = _tt[:, None] == tl.minimum(_ce - _cs - _t1, _TC) - 1"]

@@ -262,11 +262,11 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
     ``step``: the lines of one step once its reads are bound (indented as at the loop's top level);
     ``move``: ``+=`` when time runs forward, ``-=`` when it runs backward; ``index``: bind ``_s``, the
     loop's count of the step (for draws)."""
-    def each(template: str, walk: bool, *, by: str = "_N") -> list[str]:
+    def each(template: str, walk: bool) -> list[str]:
         """A line per read from ``template`` (and its pointer's step when ``walk``), one branch per flag."""
         def of(r: _Read) -> list[str]:
             line = template.format(name=r.name, seq=r.seq, load=_load(f"{r.seq}_ptr"))
-            return [line, f"{r.seq}_ptr {move} {by}"] if walk else [line]
+            return [line, f"{r.seq}_ptr {move} _N"] if walk else [line]
         lines = [line for r in reads if not r.flag for line in of(r)]
         for flag in dict.fromkeys(r.flag for r in reads if r.flag):
             lines += [f"if {flag}:"] + [I1 + line for r in reads if r.flag == flag for line in of(r)]
@@ -277,16 +277,18 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
              f"{I1}if _TC > 1:",
              f"{I2}_tiled = _T - _T % _TC"]
     if blocks:
-        tile_load = "_tile_load({seq}_ptr, _tile_offs, _mask, {count}).to(_DTYPE)"
+        def tile_load(count: str) -> str:
+            """A read's tile at its pointer, none where ``count`` (the steps left in whole tiles) is 0."""
+            return "_tile_load({seq}_ptr, _tile_offs, _mask, " + count + ").to(_DTYPE)"
         lines += [f"{I2}_tile_offs = tl.cast(tl.arange(0, _TC), tl.int64)[:, None] * {'-' if move == '-=' else ''}_N"
                   "  # row k: step k of a tile",
-                  f"{I2}_tile_step = _TC * tl.cast(_N, tl.int64)  # a tile's elements (int64: _TC * _N may not fit int32)"]
-        lines += [I2 + line for line in each("{seq}_block = " + tile_load.format(seq="{seq}", count="_tiled"), False)]
+                  f"{I2}_tile_step = _TC * tl.cast(_N, tl.int64)"
+                  "  # a tile's elements (int64: _TC * _N may not fit int32)"]
+        lines += [I2 + line for line in each("{seq}_block = " + tile_load("_tiled"), False)]
         lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]
         lines += [f"{I3}# the next tile's loads: in flight while this tile's steps run"]
         lines += [I3 + line for line in each("{seq}_ptr " + move + " _tile_step", False)]
-        following = tile_load.format(seq="{seq}", count="_tiled - _t0 - _TC")
-        lines += [I3 + line for line in each("{seq}_next = " + following, False)]
+        lines += [I3 + line for line in each("{seq}_next = " + tile_load("_tiled - _t0 - _TC"), False)]
         lines += [I3 + line for line in each("{seq}_tile = _tile_rows({seq}_block, _TC, _BLOCK)", False)]
     else:
         lines += [f"{I2}for _t0 in tl.range(0, _tiled, _TC):"]

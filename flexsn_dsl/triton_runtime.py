@@ -333,23 +333,24 @@ class Plan:
         # the keyword arguments of each launch: meta-parameters and constexpr flags
         base = {**meta, **COMPILE_OPTIONS, "_DTYPE": _compute_dtype(dtype)}
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
-        carry = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", "num_warps", *COMPILE_OPTIONS)}
+        # the carry kernels' keywords: one program a block of neurons, no tiles of steps
+        carry_base = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", "num_warps", *COMPILE_OPTIONS)}
         self.summary_flags = base
-        self.carry_flags = {const: {**carry, "_CONST_INIT": const} if has_init_flag else carry
+        self.carry_flags = {const: {**carry_base, "_CONST_INIT": const} if has_init_flag else carry_base
                             for const in (False, True)}
         self.adjoint_summary_flags = {seqs: {**base, "_HAS_STATE_GRADS": seqs} for seqs in (False, True)}
-        self.adjoint_carry_flags = {final: {**carry, "_HAS_FINAL_GRADS": final} for final in (False, True)}
+        self.adjoint_carry_flags = {final: {**carry_base, "_HAS_FINAL_GRADS": final} for final in (False, True)}
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
         self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
         # a sequential backward with learnable parameters can carry its running sums across launches (recompute)
         self.carries = bool(info.param_names) and "backward" not in scans
-        carry = {"_CARRY_SUMS": False} if self.carries else {}
+        sums = {"_CARRY_SUMS": False} if self.carries else {}
         # the sequential backward's time tile: of its own reads (more of them than the forward's, as a rule)
         backward = base if "backward" in scans else {**base, "_TC": kernels.config(self.n, self.T, settings,
                                                                                   "backward")["_TC"]}
         self.backward_flags = {
             flags: {**backward, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1],
-                    "_WRITE_INIT_GRADS": flags[2], **carry}
+                    "_WRITE_INIT_GRADS": flags[2], **sums}
             for flags in itertools.product((False, True), repeat=3)}
         # the same, carrying the running parameter-gradient sums across launches (recompute)
         self.carrying_flags = {flags: {**keywords, "_CARRY_SUMS": True} for flags, keywords in self.backward_flags.items()}
