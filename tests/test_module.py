@@ -659,6 +659,9 @@ def _ddp_worker(rank, world, port, out_dir):
         torch.save({k: v.detach().clone() for k, v in net.named_parameters()}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    # (as examples/ddp.py: gloo's threads torn down during interpreter finalization can abort a rank that has
+    # done its work, SIGABRT; a finished rank leaves without finalization, a failed one raises above)
+    os._exit(0)
 
 
 def _free_port():
