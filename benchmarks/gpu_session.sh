@@ -79,7 +79,7 @@ long() {
   local B=(python3 -m flexsn_dsl bench --json "$(stem long).json")
   run long 300 "${B[@]}" neurons/lif.yaml --long --peers minimal spikingjelly
   run long 120 "${B[@]}" neurons/hh.yaml -T 1024 -n 1048576 --mode training --peers minimal --recompute
-  run scan 150 python3 benchmarks/scan_bench.py
+  run scan 300 python3 benchmarks/scan_bench.py --profile
   run on 400 python3 benchmarks/open_neuromorphic.py -n 512 4096 16384 --json "$(stem on).json"
 }
 

@@ -7,10 +7,10 @@ largest value), then both are timed per training and inference call, CUDA-graph 
 (``flexsn_dsl.bench.graph_replay_ms``), and the scan kernels again with each ``--tiles`` setting of
 (neurons per program, steps per tile, warps) instead of the built-in choice
 (``triton_runtime.Kernels.scan_config``) and each ``--chunks`` setting (``FLEXSN_DSL_SCAN_CHUNK``), to
-tune them.
+tune them; ``--profile`` prints each kernel's time in a training call of the built-in choices.
 
     python benchmarks/scan_bench.py                            # neurons/li.yaml, N=1024, T=4096
-    python benchmarks/scan_bench.py -n 1024 8192 -T 1000 4096 --tiles 16x128x4 32x64x4
+    python benchmarks/scan_bench.py -n 1024 8192 -T 1000 4096 --tiles 32x8x1 64x16x2 --chunks 64 256
     python benchmarks/scan_bench.py --quick                    # small shapes: runs anywhere (CPU: interpreter)
 
 `flexsn-dsl bench` compares the two paths as well: the scan kernels are the default, and
@@ -79,18 +79,16 @@ def _time(fn) -> tuple[float, str]:
     return _timer(torch.device("cuda" if torch.cuda.is_available() else "cpu"))(fn), "eager"
 
 
-def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], chunks: list[int],
-          device: torch.device) -> None:
+def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], chunks: list[int], device: torch.device,
+          profile: bool) -> None:
     xs = [torch.rand(T, n, device=device).requires_grad_() for _ in flexsn_dsl.load(spec).spec.inputs]
-    built_in = triton_runtime.Kernels.scan_config
-    rows = [("sequential", False, None, 0), ("scan", True, None, 0)]
-    rows += [(f"scan {b}x{t}x{w}", True, (b, t, w), 0) for b, t, w in tiles]
-    rows += [(f"scan chunk {c}", True, None, c) for c in chunks]
-    base, setting = {}, os.environ.get("FLEXSN_DSL_SCAN_CHUNK")
-    for label, parallel, tile, chunk in rows:
-        triton_runtime.Kernels.scan_config = built_in if tile is None else \
-            (lambda self, n, b=tile[0], t=tile[1], w=tile[2]: {"_BLOCK": b, "num_warps": w, "_STAGES": 1, "_TC": t})
-        os.environ["FLEXSN_DSL_SCAN_CHUNK"] = str(chunk)  # (0: the built-in chunk)
+    rows = [("sequential", False, {}), ("scan", True, {})]
+    rows += [(f"scan {b}x{t}x{w}", True, {"FLEXSN_DSL_BLOCK": b, "FLEXSN_DSL_TIME_TILE": t, "FLEXSN_DSL_WARPS": w})
+             for b, t, w in tiles]
+    rows += [(f"scan chunk {c}", True, {"FLEXSN_DSL_SCAN_CHUNK": c}) for c in chunks]
+    base, saved = {}, {k: os.environ.get(k) for _, _, env in rows for k in env}
+    for label, parallel, env in rows:
+        os.environ.update({k: str(v) for k, v in env.items()})
         try:
             module = _module(spec, parallel, torch.float32, device)
             for mode in ("training", "inference"):
@@ -100,13 +98,24 @@ def bench(spec: str, T: int, n: int, tiles: list[tuple[int, int, int]], chunks: 
                 base.setdefault(mode, ms)
                 print(f"  {label:20} {mode:9} {ms:9.4f} ms ({how})  {base[mode] / ms:6.2f}x the sequential kernel",
                       flush=True)
-        except Exception as exc:  # noqa: BLE001 - a tile setting that does not compile: say so, go on
+                if profile and not env and mode == "training":
+                    _profile(fn)
+        except Exception as exc:  # noqa: BLE001 - a setting that does not compile: say so, go on
             print(f"  {label:20} failed: {type(exc).__name__}: {exc}"[:200], flush=True)
         finally:
-            triton_runtime.Kernels.scan_config = built_in
-    os.environ.pop("FLEXSN_DSL_SCAN_CHUNK")
-    if setting is not None:  # (the caller's, for its next spec and shape)
-        os.environ["FLEXSN_DSL_SCAN_CHUNK"] = setting
+            for k in env:  # (the caller's settings, for the next row, spec and shape)
+                os.environ.pop(k) if saved[k] is None else os.environ.update({k: saved[k]})
+
+
+def _profile(fn) -> None:
+    """Each kernel's share of a call, from torch.profiler (device time, 20 calls after warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    for event in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]:
+        print(f"      {event.device_time_total / 20:9.1f} us a call  {event.count // 20:3d}x  {event.key[:90]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("specs", nargs="*", default=[str(ROOT / "neurons" / "li.yaml")])
     parser.add_argument("-T", "--steps", type=int, nargs="+", default=[4096])
     parser.add_argument("-n", "--neurons", type=int, nargs="+", default=[1024])
-    parser.add_argument("--tiles", nargs="*", default=["16x128x4", "32x64x4", "32x128x4", "64x32x4", "8x256x2"],
-                        help="scan tile settings to time besides the built-in one: BLOCKxTCxWARPS")
-    parser.add_argument("--chunks", type=int, nargs="*", default=[128, 256, 512, 1024, 4096],
+    parser.add_argument("--tiles", nargs="*", default=["32x8x1", "64x8x1", "128x8x1", "128x8x4", "32x16x1", "32x4x1"],
+                        help="scan settings to time besides the built-in one: BLOCKxTCxWARPS (FLEXSN_DSL_BLOCK, "
+                             "FLEXSN_DSL_TIME_TILE, FLEXSN_DSL_WARPS)")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[32, 64, 128, 256, 512],
                         help="steps per chunk to time besides the built-in choice (FLEXSN_DSL_SCAN_CHUNK)")
     parser.add_argument("--quick", action="store_true", help="T=40, 64 neurons, no tile or chunk settings")
+    parser.add_argument("--profile", action="store_true", help="each kernel's time in a training call (GPU)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps, neurons = ([40], [64]) if args.quick else (args.steps, args.neurons)
@@ -129,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in neurons:
                 print(f"{Path(spec).name} T={T} N={n} on {device}", flush=True)
                 check(spec, T, n, device)
-                bench(spec, T, n, tiles, chunks, device)
+                bench(spec, T, n, tiles, chunks, device, args.profile and device.type == "cuda")
     return 0
 
 

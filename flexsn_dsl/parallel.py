@@ -4,9 +4,10 @@ A spec is *time-parallel* when its next states are affine in its previous states
 ``s_t = A_t s_{t-1} + b_t``, with coefficients ``A_t`` and ``b_t`` that depend only on the
 step's inputs, random draws and the parameters: no state enters a state update through a spike, a
 condition or any other nonlinear function, and no output is fed back. The outputs may be
-any function of the states (a threshold read-out of a reset-free LIF). T such maps compose
-by an associative scan, so the states of a block of steps are computed at once
-(:mod:`flexsn_dsl.scan_templates`); everything else runs step by step.
+any function of the states (a threshold read-out of a reset-free LIF). Such maps compose
+(associatively), so T can be split into chunks that run at once, each from the states the composed
+maps of the chunks before it give (:mod:`flexsn_dsl.scan_templates`); everything else runs step by
+step in one loop over T.
 
 ``A`` is a K x K matrix over the K states (coupled linear states: CUBA LI's v integrates its
 current i of the same step); :attr:`Affine.pattern` lists the entries of ``A`` and of any

@@ -1,7 +1,7 @@
 """Stage 5: the template engine: single-step cores -> fused multi-step kernels.
 
-Every kernel walks one block of neurons through time with a runtime ``_T``
-(a real loop: compile time does not grow with T), plain pointer arithmetic and
+Every kernel walks one block of neurons through time with a runtime ``_T`` (a time-parallel kernel:
+one chunk of ``_len`` of the steps; a real loop: compile time does not grow with T), plain pointer arithmetic and
 masks (no block pointers), and computes in ``_DTYPE`` (float32 for 16-bit and
 32-bit storage, float64 for float64).
 
@@ -71,7 +71,7 @@ from typing import NamedTuple
 
 from .codegen_triton import Cores, FlexSNInfo, draw_parts
 from .literals import identifier, value
-from .names import RECURRENT_VARIANTS, VARIANTS, kernel_name
+from .names import RECURRENT_VARIANTS, VARIANTS, kernel_name, scan_variant
 from .printer import float_literal
 
 HEAVISIDE = '''@triton.jit
@@ -245,6 +245,24 @@ def _tile_head() -> list[str]:
             f"{I1}_mask = (_rows[:, None] < _N // _P) & (_cols[None, :] < _P)"]
 
 
+CHUNKS = (["_starts", "_L"], "chunks of _L steps; the states before each [chunks, K, N] (read from the second on)")
+ADJOINT_CHUNKS = (["_starts", "_L"], "chunks of _L steps; the state gradients after each [chunks, K, N] (read but "
+                  "for the last)")
+
+
+def _chunk_head(targets: list[str], starts_where: str, chunk: str = "tl.program_id(1)", writer: str = "") -> list[str]:
+    """A time-parallel kernel's chunk of steps, ``[_cs, _ce)`` (``chunk``: its index; ``_len``: its steps), and
+    where ``starts_where`` holds, ``targets`` (the states, or the state gradients, at the chunk's boundary)
+    read from ``_starts`` (which the kernel ``writer`` wrote)."""
+    lines = [f"{I1}_chunk = {chunk}", f"{I1}_cs = _chunk * _L", f"{I1}_ce = _cs + tl.minimum(_L, _T - _cs)",
+             f"{I1}_len = _ce - _cs"]
+    if targets:
+        lines += [f"{I1}if {starts_where}:  # ({writer} wrote them)"]
+        lines += [f"{I2}{n} = tl.load(_starts + tl.cast(_chunk * {len(targets)} + {i}, tl.int64) * _N + _offs, "
+                  f"mask=_mask, other=0.0).to(_DTYPE)" for i, n in enumerate(targets)]
+    return lines
+
+
 class _Read(NamedTuple):
     """A sequence one step reads: ``name`` holds the step's value, ``<seq>_ptr`` walks the sequence
     through time; ``flag``: a constexpr that says whether it is read at all ("" when always)."""
@@ -253,7 +271,8 @@ class _Read(NamedTuple):
     flag: str = ""
 
 
-def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = False, blocks: bool = True) -> list[str]:
+def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = False, blocks: bool = True,
+                length: str = "_T") -> list[str]:
     """The time loop: with ``_TC`` > 1, whole tiles of ``_TC`` steps, then the steps after the tiles one at a
     time (all of them with ``_TC`` = 1, the loop pipelined ``_STAGES`` deep). Nothing a step ``reads``
     depends on the recurrence, so a tile's loads are issued before any of its steps run, and the next
@@ -261,7 +280,7 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
     into its steps by ``_tile_rows``; else a tuple of one load a step, and no next tile in flight).
     ``step``: the lines of one step once its reads are bound (indented as at the loop's top level);
     ``move``: ``+=`` when time runs forward, ``-=`` when it runs backward; ``index``: bind ``_s``, the
-    loop's count of the step (for draws)."""
+    loop's count of the step (for draws); ``length``: the variable holding the steps walked (a time-parallel kernel's: its chunk's)."""
     def each(template: str, walk: bool) -> list[str]:
         """A line per read from ``template`` (and its pointer's step when ``walk``), one branch per flag."""
         def of(r: _Read) -> list[str]:
@@ -275,7 +294,7 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
     I3, I4 = I2 + I1, I2 + I2
     lines = [f"{I1}_tiled = 0  # the steps in whole tiles",
              f"{I1}if _TC > 1:",
-             f"{I2}_tiled = _T - _T % _TC"]
+             f"{I2}_tiled = {length} - {length} % _TC"]
     if blocks:
         def tile_load(count: str) -> str:
             """A read's tile at its pointer, none where ``count`` (the steps left in whole tiles) is 0."""
@@ -300,15 +319,16 @@ def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = Fa
     lines += [I4 + line for line in step]
     if blocks:
         lines += [I3 + line for line in each("{seq}_block = {seq}_next", False)]
-    lines += [f"{I1}for _t in tl.range(_tiled, _T, num_stages=_STAGES):  # the steps after the tiles, one at a time"]
+    lines += [f"{I1}for _t in tl.range(_tiled, {length}, num_stages=_STAGES):  # the steps after the tiles, one at a time"]
     lines += [I2 + line for line in each("{name} = {load}", True) + (["_s = _t"] if index else [])]
     lines += [I2 + line for line in step]
     return lines
 
 
-def _forward_kernel(cores: Cores, variant: str) -> str:
+def _forward_kernel(cores: Cores, variant: str, chunked: bool = False) -> str:
     """Pointer arguments are named after the spec: ``x__in``, ``s__out``, ``h__saved``,
-    ``v__init``, ``v__states`` and ``v__final``; ``<arg>_ptr`` walks one through time."""
+    ``v__init``, ``v__states`` and ``v__final``; ``<arg>_ptr`` walks one through time. ``chunked``: the
+    time-parallel kernel (``scan_<variant>``), which walks one chunk of steps from the states before it."""
     info = cores.info
     training = variant.startswith("forward")
     state_seqs = variant in ("inference", "forward")
@@ -322,17 +342,22 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
         recipients = recipients[:info.num_outputs + info.num_states] + ["_"] * len(info.saved_names)
     call_args = list(info.input_names) + list(info.state_names) + list(info.param_names) + list(info.fixed_names) + \
         list(info.draws)
-    lines = _signature(info, variant, [
+    lines = _signature(info, scan_variant(variant) if chunked else variant, [
         (inputs + [f"{n}__init" for n in info.state_names], "inputs [T, N], initial states [N]"),
         (written + [f"{n}__final" for n in info.state_names], "written"),
+        CHUNKS if chunked else ([], ""),
         _param_args(info),
         _seed_args(info),
     ], ", _CONST_INIT: tl.constexpr" if info.initial_values else "")
-    lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over _T steps for one block of neurons."""']
+    what = "one chunk of _L steps (from the states before it)" if chunked else "_T steps"
+    lines += [f'{I1}"""{variant.replace("_", " ")} of {info.neuron} over {what} for one block of neurons."""']
     lines += _head() + _params_load(info) + _seed_load(info, "_N", True)
     lines += _initial_states(info, "[_BLOCK]")
-    lines += [f"{I1}{p}_ptr = {p} + _offs" for p in walking]
-    step = _draws(info, info.draws, "_s", True)
+    if chunked:
+        lines += _chunk_head(list(info.state_names), "_chunk > 0", writer="scan_carry")
+    start = "tl.cast(_cs, tl.int64) * _N + " if chunked else ""
+    lines += [f"{I1}{p}_ptr = {p} + {start}_offs" for p in walking]
+    step = _draws(info, info.draws, "_cs + _s" if chunked else "_s", True)
     step += [f"{', '.join(recipients)} = {cores.forward_name}({', '.join(call_args)})"]
     step += [f"{n} = {n}.to(_DTYPE)" for n in info.state_names]
     step += [_store(f"{n}__out_ptr", v) for n, v in zip(info.output_names, info.output_vars)]
@@ -341,8 +366,10 @@ def _forward_kernel(cores: Cores, variant: str) -> str:
     if state_seqs:
         step += [_store(f"{n}__states_ptr", n) for n in info.state_names]
     step += [f"{p}_ptr += _N" for p in written]
-    lines += _time_loops([_Read(n, f"{n}__in") for n in info.input_names], step, "+=", bool(info.draws))
-    lines += [f"{I1}{_store(f'{n}__final + _offs', n)}" for n in info.state_names]
+    lines += _time_loops([_Read(n, f"{n}__in") for n in info.input_names], step, "+=", bool(info.draws),
+                         length="_len" if chunked else "_T")
+    finals = [f"{I1}{_store(f'{n}__final + _offs', n)}" for n in info.state_names]
+    lines += [f"{I1}if _ce == _T:  # (the last chunk)"] + [I1 + f for f in finals] if chunked and finals else finals
     return "\n".join(lines) + "\n"
 
 
@@ -371,56 +398,67 @@ def _backward_names(info: FlexSNInfo) -> _BackwardNames:
                           [f"{n}__grad_in" for n in info.input_names], call_args, results)
 
 
-def _backward_kernel(cores: Cores) -> str:
+def _backward_kernel(cores: Cores, chunked: bool = False) -> str:
     """Reads upstream gradients ``s__grad_out``, ``v__grad_states``, ``v__grad_final`` and the kept
     ``h__saved``, ``x__in``, ``s__out``; writes ``x__grad_in``, ``v__grad_init`` and per-block
-    partial parameter gradients ``_params_grad``."""
+    partial parameter gradients ``_params_grad``. ``chunked``: the time-parallel kernel (``scan_backward``;
+    not for learnable shaped parameters), which walks one chunk of steps from the state gradients after it."""
     info = cores.info
     kept, read_unique, grad_out, grad_in, call_args, results = _backward_names(info)
     walking = grad_out + read_unique + grad_in
     param_args, param_comment = _param_args(info)
     grads = ["_params_grad"] if info.scalar_params else []
     grads += [f"{n}__{k}" for n in info.learnable_shaped for k in ("grad", "split")]
-    grads += ["_grad_sums"] if info.param_names else []
+    carries = bool(info.param_names) and not chunked  # (running sums over launches: recompute)
+    grads += ["_grad_sums"] if carries else []
     tiled = bool(info.learnable_shaped)
     shape = "[_ROWS, _COLS]" if tiled else "[_BLOCK]"
-    lines = _signature(info, "backward", [
+    lines = _signature(info, scan_variant("backward") if chunked else "backward", [
         (grad_out + [f"{n}__grad_states" for n in info.state_names] + [f"{n}__grad_final" for n in info.state_names],
          "upstream gradients"),
         (kept, "what the forward kept"),
         (grad_in + [f"{n}__grad_init" for n in info.state_names], "written"),
+        ADJOINT_CHUNKS if chunked else ([], ""),
         (param_args, param_comment),
         (grads, ("partial parameter gradients: scalars [programs, P]; shaped [row tiles, segments, split]"
-                 if tiled else "partial parameter gradients [programs, P]") + "; running sums [P, N]"),
+                 if tiled else "partial parameter gradients [programs, P]") + ("; running sums [P, N]" if carries else "")),
         _seed_args(info),
     ], ", _HAS_STATE_GRADS: tl.constexpr, _HAS_FINAL_GRADS: tl.constexpr, _WRITE_INIT_GRADS: tl.constexpr"
-        + (", _CARRY_SUMS: tl.constexpr" if info.param_names else ""), TILE_SIZES if tiled else BLOCK_SIZES)
-    lines += [f'{I1}"""Backward of {info.neuron}: time runs in reverse, state gradients accumulate."""']
+        + (", _CARRY_SUMS: tl.constexpr" if carries else ""), TILE_SIZES if tiled else BLOCK_SIZES)
+    what = ", one chunk of _L steps from the state gradients after it" if chunked else ""
+    lines += [f'{I1}"""Backward of {info.neuron}{what}: time runs in reverse, state gradients accumulate."""']
     lines += (_tile_head() if tiled else _head()) + _params_load(info, tiled) + _seed_load(info, "_N", not tiled)
     lines += _if("_HAS_FINAL_GRADS", [f"{I1}{n}__grad_acc = {_load(f'{n}__grad_final + _offs')}" for n in info.state_names],
                  [f"{I1}{n}__grad_acc = tl.zeros({shape}, dtype=_DTYPE)" for n in info.state_names])
     sums = ["_grad_sums + _offs"] + [f"_grad_sums + {k} * tl.cast(_N, tl.int64) + _offs"
                                      for k in range(1, len(info.param_names))]
+    zero_sums = [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names]
     lines += _if("_CARRY_SUMS", [f"{I1}{n}__grad_sum = {_load(p)}" for n, p in zip(info.param_names, sums)],
-                 [f"{I1}{n}__grad_sum = tl.zeros({shape}, dtype=_DTYPE)" for n in info.param_names])
-    lines += [f"{I1}_last = tl.cast(_T - 1, tl.int64) * _N"]
+                 zero_sums) if carries else zero_sums
+    if chunked:
+        lines += _chunk_head([f"{n}__grad_acc" for n in info.state_names], "_chunk < tl.num_programs(1) - 1",
+                             writer="scan_adjoint_carry")
+    lines += [f"{I1}_last = tl.cast({'_ce' if chunked else '_T'} - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
     reads = [_Read(f"{p}_t", p) for p in grad_out + read_unique]
     reads += [_Read(f"{n}__grad_states_t", f"{n}__grad_states", "_HAS_STATE_GRADS") for n in info.state_names]
     step = [f"{n}__grad_next = {n}__grad_acc" for n in info.state_names]
     if info.state_names:
         step += ["if _HAS_STATE_GRADS:"] + [f"{I1}{n}__grad_next += {n}__grad_states_t" for n in info.state_names]
-    step += _draws(info, call_args, "_T - 1 - _s", not tiled)
+    step += _draws(info, call_args, f"{'_ce' if chunked else '_T'} - 1 - _s", not tiled)
     step += [f"{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     step += [_store(f"{n}__grad_in_ptr", f"{n}__grad_in_t") for n in info.input_names]
     step += [f"{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]
     step += [f"{n}__grad_sum += tl.where(_mask, {n}__grad_t, 0.0)" for n in info.param_names]
     step += [f"{p}_ptr -= _N" for p in grad_in]
-    lines += _time_loops(reads, step, "-=", bool(info.draws), not tiled)
-    lines += _if("_WRITE_INIT_GRADS", [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}"
-                                       for n in info.state_names])
-    lines += _if("_CARRY_SUMS", [f"{I1}{_store(p, f'{n}__grad_sum')}" for n, p in zip(info.param_names, sums)])
-    lines += _partial_grads(info, tiled)
+    lines += _time_loops(reads, step, "-=", bool(info.draws), not tiled, "_len" if chunked else "_T")
+    init_grads = [f"{I1}{_store(f'{n}__grad_init + _offs', f'{n}__grad_acc')}" for n in info.state_names]
+    if chunked and init_grads:
+        init_grads = [f"{I1}if _cs == 0:  # (the first chunk)"] + [I1 + line for line in init_grads]
+    lines += _if("_WRITE_INIT_GRADS", init_grads)
+    if carries:
+        lines += _if("_CARRY_SUMS", [f"{I1}{_store(p, f'{n}__grad_sum')}" for n, p in zip(info.param_names, sums)])
+    lines += _partial_grads(info, tiled, chunked)
     return "\n".join(lines) + "\n"
 
 

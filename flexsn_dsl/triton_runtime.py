@@ -25,7 +25,9 @@ from .names import CORES, VARIANTS, core_name, kernel_name, scan_variant
 CPU_BLOCK = 1024
 CPU_TILE = 4  # the interpreter's largest time tile: tiles and the steps after them both run in short tests
 LONG_NEURONS = 65536  # below this, a launch has too few blocks of neurons to keep the GPU's memory busy
-SCAN_TC = 16  # the steps of a time-parallel kernel's tile in the interpreter
+SCAN_PROGRAMS = 16  # a time-parallel call's programs an SM (blocks of neurons by chunks of steps) at least
+SCAN_STEPS = 32  # the fewest steps of a built-in chunk: each chunk's map is composed step by step again
+SCAN_GROUP = 32  # the chunks' maps a carry kernel composes at once (a scan over [_CP, _BLOCK] tiles)
 MAX_PLANS = 64  # launch plans kept per spec and device type
 MAX_STAGES = 16
 MAX_TILE = 64  # the largest time tile a setting may ask for (each step of a tile is compiled code)
@@ -191,28 +193,38 @@ class Kernels:
         return {"_BLOCK": settings.block or block, "num_warps": settings.warps or warps,
                 "_STAGES": settings.stages or stages, "_TC": settings.time_tile or tile}
 
-    def scan_config(self, n: int) -> dict:
-        """Launch meta-parameters of the time-parallel kernels: blocks of neurons narrow enough that every SM
-        has a program where there are few neurons, and tiles of ``_TC`` steps of about 2048 elements."""
-        if self.interpret:
-            return {"_BLOCK": min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), "_STAGES": 1, "_TC": SCAN_TC}
-        block = 128
-        while block > 16 and _cdiv(n, block) < 2 * _sm_count():
-            block //= 2
-        return {"_BLOCK": block, "num_warps": 4, "_STAGES": 1, "_TC": 2048 // block}
+    def scan_config(self, n: int, T: int, settings: LaunchSettings) -> tuple[dict, int, int]:
+        """Launch meta-parameters of the time-parallel kernels over n neurons and T steps, the steps of each
+        chunk of a call and the backward's time tile (the meta-parameters hold the forward's). Chunks: a
+        setting's; else all of T (and the sequential kernels' meta-parameters) in the interpreter and from
+        LONG_NEURONS neurons, where the sequential kernels keep the memory busy; else one-warp blocks of 32 to
+        128 neurons over chunks of at least SCAN_STEPS steps, enough for SCAN_PROGRAMS programs an SM."""
+        chunk, block = max(T, 1), 128
+        if not self.interpret:
+            sms = _sm_count()
+            while block > 32 and _cdiv(n, block) < 2 * sms:
+                block //= 2
+            block = settings.block or block
+            if n < LONG_NEURONS:
+                chunk = _cdiv(T, max(min(_cdiv(SCAN_PROGRAMS * sms, _cdiv(n, block)), T // SCAN_STEPS), 1)) or 1
+        if not settings.scan_chunk and chunk >= T:  # one chunk: the sequential kernels' choice
+            return self.config(n, T, settings), chunk, self.config(n, T, settings, "backward")["_TC"]
+        chunk = max(settings.scan_chunk or chunk, _cdiv(T, MAX_GRID_Y))  # (the chunks: the grid's second axis)
+        tile = self.scan_tile(min(chunk, T), "forward", settings)
+        backward_tile = min(self.scan_tile(min(chunk, T), "backward", settings), tile)  # (a power of two: it divides)
+        if not settings.scan_chunk:  # whole tiles a chunk
+            chunk = _cdiv(chunk, tile) * tile
+        meta = self.config(n, T, settings) if self.interpret else \
+            {"_BLOCK": block, "num_warps": settings.warps or 1, "_STAGES": settings.stages or 2}
+        return {**meta, "_TC": tile}, chunk, backward_tile
 
-    def scan_chunk(self, n: int, T: int, meta: dict, settings: LaunchSettings) -> int:
-        """The steps of each chunk a time-parallel call over n neurons and T steps is split into: a setting's;
-        else all of T in the interpreter, and on a GPU chunks of whole tiles, enough for about four programs
-        an SM where there are few blocks of neurons (at least two tiles a chunk)."""
-        fewest = _cdiv(T, MAX_GRID_Y)  # (the chunks are the grid's second axis)
-        if settings.scan_chunk:
-            return max(settings.scan_chunk, fewest)
-        if self.interpret or T == 0:
-            return max(T, 1)
-        tile = meta["_TC"]
-        chunks = max(min(_cdiv(4 * _sm_count(), _cdiv(n, meta["_BLOCK"])), _cdiv(T, 2 * tile)), 1)
-        return max(_cdiv(_cdiv(T, chunks), tile) * tile, fewest)
+    def scan_tile(self, chunk: int, direction: str, settings: LaunchSettings) -> int:
+        """The time tile of the time-parallel kernels of ``direction`` over chunks of ``chunk`` steps: a setting's,
+        else a power of two, about a quarter of the chunk (half in the interpreter) and at most the
+        direction's largest tile."""
+        if settings.time_tile:
+            return settings.time_tile
+        return _time_tile(chunk, CPU_TILE, 2) if self.interpret else _time_tile(chunk, self.largest_tiles[direction], 4)
 
     def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
         """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
@@ -224,14 +236,13 @@ class Kernels:
             plan = self._plans[key] = Plan(self, shape, dtype, settings)
         return plan
 
-    def launch_tiled(self, variant: str, tiling: "Tiling", T: int, args: list, traced: bool,
-                     meta: dict | None = None, **constexprs) -> None:
+    def launch_tiled(self, tiling: "Tiling", T: int, args: list, traced: bool, **constexprs) -> None:
         """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles and T
-        steps. Its tile is the block of a launch over the same neurons (not autotuned), or of ``meta``
-        (the time-parallel kernel's). ``traced``: see :meth:`Plan.launch`."""
-        config = dict(meta) if meta else self.config(tiling.rows * tiling.period, T, launch_settings())
+        steps. Its tile is the block of a launch over the same neurons (not autotuned), its time tile the
+        backward's. ``traced``: see :meth:`Plan.launch`."""
+        config = self.config(tiling.rows * tiling.period, T, launch_settings(), "backward")
         del config["_BLOCK"]
-        kernel = getattr(self.module, kernel_name(self.name, variant))
+        kernel = getattr(self.module, kernel_name(self.name, "backward"))
         (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
                                                                  _COLS=tiling.tile_cols, **config, **constexprs,
                                                                  **COMPILE_OPTIONS)
@@ -242,11 +253,10 @@ class Kernels:
         block = 64 if autotuned else self.config(n, 1, launch_settings())["_BLOCK"]  # autotuning: the smallest
         return _cdiv(n, block)
 
-    def tiling(self, n: int, period: int, block: int = 0) -> "Tiling":
+    def tiling(self, n: int, period: int) -> "Tiling":
         """The tiles of the tiled backward over n neurons seen as rows of ``period``: as many rows per tile
-        as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n
-        (or ``block``)."""
-        block = block or self.config(n, 1, launch_settings())["_BLOCK"]
+        as fit (a power of two), at least MIN_COLS columns, rows times columns the block of a launch over n."""
+        block = self.config(n, 1, launch_settings())["_BLOCK"]
         rows = n // period
         tile_rows = min(1 << (rows - 1).bit_length(), max(block // MIN_COLS, 1))
         return Tiling(period, rows, tile_rows, block // tile_rows)
@@ -305,16 +315,15 @@ class Plan:
             self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
             self.block = 64  # a lower bound on the block size autotuning picks
             meta: dict = {"_STAGES": settings.stages or 2, "_TC": kernels.config(self.n, self.T, settings)["_TC"]}
+            chunk, backward_tile = 0, kernels.config(self.n, self.T, settings, "backward")["_TC"]
             self.grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
         else:
-            meta = kernels.scan_config(self.n) if scans else kernels.config(self.n, self.T, settings)
+            meta, chunk, backward_tile = kernels.scan_config(self.n, self.T, settings) if scans else \
+                (kernels.config(self.n, self.T, settings), 0, kernels.config(self.n, self.T, settings, "backward")["_TC"])
             self.block = meta["_BLOCK"]
             self.grid = (_cdiv(self.n, self.block),)
-        # the tiled backward's kernel, and its launch meta-parameters (None: the sequential kernel's own)
-        self.tiled_variant, self.tiled_meta = (scan_variant("backward"), meta) if "backward" in scans else \
-            ("backward", None)
         # a time-parallel call: chunks of ``chunk`` steps, a program for each block of neurons and chunk
-        self.chunk = kernels.scan_chunk(self.n, self.T, meta, settings) if scans else 0
+        self.chunk = chunk if scans else 0
         self.chunks = _cdiv(self.T, self.chunk) if scans else 1
         self.map_rows = kernels.map_rows
         blocks = _cdiv(self.n, self.block)
@@ -324,8 +333,10 @@ class Plan:
         launcher = lambda k, grid: DirectLaunch(k, grid) if direct else _jit_launch(k[grid])  # noqa: E731
         self.launchers = {v: launcher(k, self.grid) for v, k in self.kernels.items()}
         # the kernels that work out the states (state gradients) at the chunks' boundaries, with their grids
-        chunked = [(v, grid) for v, grid in (("scan_summary", self.grid), ("scan_carry", (blocks,)),
-                                             ("scan_adjoint_summary", self.grid), ("scan_adjoint_carry", (blocks,)))
+        # (the summaries of all chunks but one: the forward never reads the last chunk's map, the backward the first's)
+        summaries = (blocks, self.chunks - 1)
+        chunked = [(v, grid) for v, grid in (("scan_summary", summaries), ("scan_carry", (blocks,)),
+                                             ("scan_adjoint_summary", summaries), ("scan_adjoint_carry", (blocks,)))
                    if self.chunks > 1 and hasattr(kernels.module, kernel_name(kernels.name, v))]
         self.chunk_kernels = {v: (getattr(kernels.module, kernel_name(kernels.name, v)), grid) for v, grid in chunked}
         self.chunk_launchers = {v: launcher(k, grid) for v, (k, grid) in self.chunk_kernels.items()}
@@ -333,21 +344,24 @@ class Plan:
         # the keyword arguments of each launch: meta-parameters and constexpr flags
         base = {**meta, **COMPILE_OPTIONS, "_DTYPE": _compute_dtype(dtype)}
         has_init_flag = bool(info.initial_values)  # a spec with constant initial states may skip reading them
-        # the carry kernels' keywords: one program a block of neurons, no tiles of steps
-        carry_base = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", "num_warps", *COMPILE_OPTIONS)}
+        # the carry kernels' keywords: one program a block of neurons, the chunks' maps in groups of _CP (4 warps
+        # on a GPU: a group's maps are [_CP, _BLOCK] tiles), no tiles of steps
+        carry_base = {k: v for k, v in base.items() if k in ("_BLOCK", "_DTYPE", *COMPILE_OPTIONS)}
+        carry_base.update({"_CP": min(SCAN_GROUP, _power_of_two_above(self.chunks - 1)),
+                           **({"num_warps": 4} if "num_warps" in base else {})})
         self.summary_flags = base
         self.carry_flags = {const: {**carry_base, "_CONST_INIT": const} if has_init_flag else carry_base
                             for const in (False, True)}
-        self.adjoint_summary_flags = {seqs: {**base, "_HAS_STATE_GRADS": seqs} for seqs in (False, True)}
+        # the sequential backward's time tile, and the time-parallel one's: of its own reads (more of them than
+        # the forward's, as a rule)
+        backward = {**base, "_TC": backward_tile}
+        self.adjoint_summary_flags = {seqs: {**backward, "_HAS_STATE_GRADS": seqs} for seqs in (False, True)}
         self.adjoint_carry_flags = {final: {**carry_base, "_HAS_FINAL_GRADS": final} for final in (False, True)}
         self.const_init = {**base, "_CONST_INIT": True} if has_init_flag else base
         self.read_init = {**base, "_CONST_INIT": False} if has_init_flag else base
         # a sequential backward with learnable parameters can carry its running sums across launches (recompute)
         self.carries = bool(info.param_names) and "backward" not in scans
         sums = {"_CARRY_SUMS": False} if self.carries else {}
-        # the sequential backward's time tile: of its own reads (more of them than the forward's, as a rule)
-        backward = base if "backward" in scans else {**base, "_TC": kernels.config(self.n, self.T, settings,
-                                                                                  "backward")["_TC"]}
         self.backward_flags = {
             flags: {**backward, "_HAS_STATE_GRADS": flags[0], "_HAS_FINAL_GRADS": flags[1],
                     "_WRITE_INIT_GRADS": flags[2], **sums}
@@ -442,6 +456,11 @@ def _cdiv(a: int, b: int) -> int:
 def _power_of_two(n: int) -> int:
     """The largest power of two at most n (1 for n below 2)."""
     return 1 << max(n.bit_length() - 1, 0)
+
+
+def _power_of_two_above(n: int) -> int:
+    """The smallest power of two at least ``n`` (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _time_tile(T: int, largest: int, tiles: int) -> int:
@@ -644,8 +663,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         param_args = _param_args(params, shaped, layout) if params is not None or shaped else []
         if plan.tiled:
             args += param_args
-            tiling = plan.source.tiling(n, shaped_period(layout),
-                                        plan.tiled_meta["_BLOCK"] if plan.tiled_meta else 0)
+            tiling = plan.source.tiling(n, shaped_period(layout))
             partial = params.new_zeros((tiling.programs, params.shape[0])) if params is not None else None
             partials = {}  # learnable shaped parameter k -> partial sums [row tiles, segments, split]
             for k, (values, grad) in enumerate(zip(shaped, learnable)):
@@ -654,8 +672,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
             args += ([like if sums is None else sums] if plan.carries else []) + _seed_arg(seed)
-            plan.source.launch_tiled(plan.tiled_variant, tiling, T, args + [T, n, tiling.period], traced,
-                                     plan.tiled_meta,
+            plan.source.launch_tiled(tiling, T, args + [T, n, tiling.period], traced,
                                      _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
                                      _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads,
                                      **({"_CARRY_SUMS": sums is not None} if plan.carries else {}))

@@ -1,8 +1,9 @@
 """Time-parallel kernels (issue 27): the analysis of which steps are affine in their states, and
-the scan kernels against the sequential ones (``FLEXSN_DSL_TIME_PARALLEL=0``), run through
+the time-parallel kernels against the sequential ones (``FLEXSN_DSL_TIME_PARALLEL=0``), run through
 Triton's interpreter in float64: outputs, final states and state sequences, and the gradients of
-inputs, initial states and parameters, equal to 1e-9 relative (the scan reorders the arithmetic); also
-with T split into chunks of steps (``FLEXSN_DSL_SCAN_CHUNK``)."""
+inputs, initial states and parameters, the same bits in one chunk of steps, and equal to 1e-9
+relative with T split into chunks (``FLEXSN_DSL_SCAN_CHUNK``: the chunks' composed maps reorder the
+arithmetic)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,11 +16,11 @@ import flexsn_dsl
 from flexsn_dsl import triton_runtime
 from flexsn_dsl.cli import main
 from flexsn_dsl.compiler import compile_spec
-from flexsn_dsl.names import kernel_name, scan_variant
+from flexsn_dsl.names import VARIANTS, kernel_name, scan_variant
 from flexsn_dsl.parallel import TIME_PARALLEL, Affine, analyse, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-TILE = triton_runtime.SCAN_TC
+TILE = 4 * triton_runtime.CPU_TILE  # steps: several of the interpreter's largest time tiles
 
 # a leaky integrator read out by a threshold: the spike does not enter the update
 LI = """
@@ -183,13 +184,20 @@ def _run(text: str, parallel: bool, monkeypatch, steps: list[int], shape: tuple[
     return {k: v.detach() for k, v in result.items()}
 
 
-def _compare(text: str, monkeypatch, steps, shape=(3,), **kwargs) -> None:
-    scan = _run(text, True, monkeypatch, steps, shape, **kwargs)
+def _compare(text: str, monkeypatch, steps, shape=(3,), chunk: int = 7, **kwargs) -> None:
+    """The time-parallel kernels against the sequential ones: in one chunk (the interpreter's choice) the
+    same bits; in chunks of ``chunk`` steps (the states at the chunks' boundaries from the composed maps,
+    which reorder the arithmetic) equal to 1e-9 relative."""
+    monkeypatch.delenv("FLEXSN_DSL_SCAN_CHUNK", raising=False)
     sequential = _run(text, False, monkeypatch, steps, shape, **kwargs)
-    assert scan.keys() == sequential.keys()
-    assert any(k.endswith(".grad") for k in scan) == kwargs.get("grad", True)
-    for key in scan:
-        assert _relative(scan[key], sequential[key]) < 1e-9, key
+    one = _run(text, True, monkeypatch, steps, shape, **kwargs)
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(chunk))
+    chunked = _run(text, True, monkeypatch, steps, shape, **kwargs)
+    assert one.keys() == chunked.keys() == sequential.keys()
+    assert any(k.endswith(".grad") for k in one) == kwargs.get("grad", True)
+    for key in sequential:
+        assert torch.equal(one[key], sequential[key]), key
+        assert _relative(chunked[key], sequential[key]) < 1e-9, key
 
 
 # -- the analysis --------------------------------------------------------------------------------
@@ -254,8 +262,8 @@ def test_show_prints_the_verdict(tmp_path, capsys):
 
 # -- the kernels -----------------------------------------------------------------------------------
 def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
-    """The plan holds the scan kernels (also for the tiled backward of a learnable shaped parameter), and
-    the sequential ones with FLEXSN_DSL_TIME_PARALLEL=0 and for other specs."""
+    """The plan holds the scan kernels (but the sequential tiled backward of a learnable shaped parameter),
+    and the sequential ones with FLEXSN_DSL_TIME_PARALLEL=0 and for other specs."""
     def kernels(text: str, setting: str, **sizes) -> dict[str, str]:
         monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", setting)
         compiled = compile_spec(text=text)
@@ -270,7 +278,8 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1")
     tiled = triton_runtime._kernels(compile_spec(text=SHAPED), torch.get_default_device().type)  # a learnable shaped parameter: tiles
     plan = tiled.plan(torch.Size([4, 2, 3]), torch.float64, triton_runtime.launch_settings())
-    assert plan.tiled and plan.tiled_variant == scan_variant("backward") and plan.tiled_meta == tiled.scan_config(plan.n)
+    assert plan.tiled and plan.carries and tiled.scans == tuple(v for v in VARIANTS if v != "backward")
+    assert not hasattr(tiled.module, kernel_name("channel_trace", scan_variant("backward")))
 
 
 @pytest.mark.parametrize("steps", [[1], [TILE - 3], [TILE], [2 * TILE + 5], [TILE + 1, 3]])
@@ -279,7 +288,7 @@ def test_li_equals_the_sequential_kernels(steps, monkeypatch):
 
 
 def test_long_sequences_equal_the_sequential_kernels(monkeypatch):
-    _compare(CUBA, monkeypatch, [1500], shape=(2, 2))
+    _compare(CUBA, monkeypatch, [1500], shape=(2, 2), chunk=64)
 
 
 @pytest.mark.parametrize("seqs", [False, True])
@@ -324,6 +333,8 @@ def test_shaped_parameters_equal_the_sequential_kernels(text, shape, monkeypatch
 
 
 def test_float32_is_close_to_the_sequential_kernels(monkeypatch):
+    """In chunks (maps and boundary states kept in float32, the compute dtype)."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "5")
     results = []
     for parallel in (True, False):
         monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1" if parallel else "0")
@@ -341,41 +352,35 @@ def test_float32_is_close_to_the_sequential_kernels(monkeypatch):
 def test_chunked_calls_equal_the_sequential_kernels(chunk, monkeypatch):
     """T split into chunks (a program for each block of neurons and chunk: each chunk's map, the states at
     the chunks' boundaries, then every chunk from its states; the backward from the last chunk): chunks of
-    one step, chunks across tiles, T not a multiple of the chunk and shorter than one, two calls carrying
-    states, state sequences, two coupled states, two inputs, a learnable scalar."""
-    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(chunk))
-    _compare(CUBA, monkeypatch, [3 * TILE + 5, 4], seqs=True)
-
-
-@pytest.mark.parametrize("text, kwargs", [
-    (LI, {"grad": False, "carry": False}),  # inference from the constant initial state
-    (LI.replace("{value: 2.0, learnable: true}", "2.0"), {"carry": False}),  # the direct call
-    (NOISY, {"seqs": True}),  # draws in a coefficient and an offset
-    (CUBA_CT, {"shape": (4,)}),
-    (FIXED, {"shape": (2, 3), "sizes": {"C": 3}}),  # a fixed shaped parameter: the chunked backward
-    (SHAPED, {"shape": (2, 3), "sizes": {"C": 3}}),  # a learnable one: chunked forward, the tiled backward
-])
-def test_chunked_specs_equal_the_sequential_kernels(text, kwargs, monkeypatch):
-    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "7")
-    _compare(text, monkeypatch, [2 * TILE + 9, 3], **kwargs)
+    one step (53 chunks: the carry kernels' groups of 32, the last one partial), chunks across tiles, T not
+    a multiple of the chunk and shorter than one, two calls carrying states, state sequences, two coupled
+    states, two inputs, a learnable scalar."""
+    _compare(CUBA, monkeypatch, [3 * TILE + 5, 4], seqs=True, chunk=chunk)
 
 
 def test_chunks_fill_the_gpu_where_there_are_few_neurons(monkeypatch):
-    """The built-in chunk on a GPU: whole tiles, enough chunks for about four programs an SM when the
-    blocks of neurons are fewer, at least two tiles a chunk, none for a large layer."""
+    """The built-in chunks on a GPU: below LONG_NEURONS, one-warp blocks of neurons by chunks of whole tiles
+    and at least SCAN_STEPS steps, enough for SCAN_PROGRAMS programs an SM; one chunk, with the sequential
+    kernels' meta-parameters, for a large layer and for short calls; a setting's chunk, but never more chunks
+    than a grid's second axis takes."""
     monkeypatch.setattr(triton_runtime, "_sm_count", lambda: 132)
     kernels = triton_runtime.Kernels(compile_spec(text=LI), torch.get_default_device())  # (CUDA on a GPU)
     kernels.interpret = False  # (the GPU's choice, worked out on any machine)
     settings = triton_runtime.launch_settings()
-    meta = {"_BLOCK": 16, "_TC": 128}
-    chunk = kernels.scan_chunk(1024, 4096, meta, settings)  # 64 blocks
-    assert chunk % 128 == 0 and 4096 // chunk * 64 >= 4 * 132 * 0.9 and chunk >= 256
-    assert kernels.scan_chunk(1 << 22, 4096, meta, settings) == 4096  # 262,144 blocks: one chunk
-    assert kernels.scan_chunk(1024, 300, meta, settings) == 256  # two tiles at least: two chunks
+    meta, chunk, backward = kernels.scan_config(1024, 4096, settings)
+    programs = -(-1024 // meta["_BLOCK"]) * -(-4096 // chunk)
+    assert meta["_BLOCK"] == 32 and meta["num_warps"] == 1 and chunk % meta["_TC"] == 0
+    assert programs >= 0.9 * triton_runtime.SCAN_PROGRAMS * 132 and chunk >= triton_runtime.SCAN_STEPS
+    assert meta["_TC"] > 1 and chunk % backward == 0 and 1 < backward <= meta["_TC"]
+    meta, chunk, _ = kernels.scan_config(1024, 100, settings)  # three chunks of at least SCAN_STEPS steps
+    assert -(-100 // chunk) == 3 and chunk % meta["_TC"] == 0
+    for n, T in ((triton_runtime.LONG_NEURONS, 4096), (1024, 2 * triton_runtime.SCAN_STEPS - 1)):
+        assert kernels.scan_config(n, T, settings) == (kernels.config(n, T, settings), T,
+                                                       kernels.config(n, T, settings, "backward")["_TC"])
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "100")
-    assert kernels.scan_chunk(1024, 4096, meta, triton_runtime.launch_settings()) == 100
+    assert kernels.scan_config(1024, 4096, triton_runtime.launch_settings())[1] == 100
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "1")  # more chunks than a grid's second axis takes (65,535)
-    assert kernels.scan_chunk(1024, 200_000, meta, triton_runtime.launch_settings()) == 4
+    assert kernels.scan_config(1024, 200_000, triton_runtime.launch_settings())[1] == 4
 
 
 def test_chunked_calls_compile(monkeypatch, fresh_dynamo):
@@ -421,7 +426,7 @@ def test_chunked_calls_compile_with_dynamic_shapes(monkeypatch, fresh_dynamo):
 def test_chunks_of_several_blocks_without_final_state_gradients(monkeypatch):
     """Blocks of 16 neurons over 37 (the partial parameter-gradient rows of blocks and chunks) and a loss of
     the outputs only (no final-state gradient enters the last chunk)."""
-    monkeypatch.setattr(triton_runtime, "CPU_BLOCK", 16)  # (the interpreter's block: several here)
+    monkeypatch.setenv("FLEXSN_DSL_BLOCK", "16")  # (several blocks, in the interpreter and on a GPU)
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "6")
     results = []
     for parallel in ("1", "0"):
@@ -434,6 +439,6 @@ def test_chunks_of_several_blocks_without_final_state_gradients(monkeypatch):
         results.append([*outs, *torch.autograd.grad(loss, [x, g, m.tau_syn_inv])])
     plan = triton_runtime._kernels(m._compiled, torch.get_default_device().type).plan(
         x.shape, x.dtype, triton_runtime.launch_settings()._replace(time_parallel=True))
-    assert plan.grid == (3, 5)  # 3 blocks (16 neurons on a GPU too) by 5 chunks
+    assert plan.grid == (3, 5)  # 3 blocks by 5 chunks
     for a, b in zip(*results):
         assert _relative(a.detach(), b.detach()) < 1e-9
