@@ -623,6 +623,26 @@ def _present(grads: Sequence[torch.Tensor | None], shape: Sequence[int],
     return None
 
 
+def _own(read: list[torch.Tensor], given: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """The upstream gradients among ``read`` (as :func:`_present` made them from ``given``) that this call made
+    itself: zeros for a missing one, a contiguous copy of a broadcast or strided one. Nothing else holds them."""
+    return [g for g, original in zip(read, given) if g is not original]
+
+
+def _input_grads(xs: list[torch.Tensor], spare: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Tensors for the inputs' gradients: a ``spare`` upstream gradient of the same shape and dtype where there is
+    one, each used once (every backward kernel's step reads an output's upstream gradient before it writes an
+    input's gradient at the same place, in the same program, and nothing reads it after), else new ones. A
+    loss such as ``out.sum()`` gives a broadcast gradient, which the kernels read as a contiguous copy: the
+    input's gradient then takes that copy's memory instead of a [T, ...] tensor more."""
+    spare = list(spare)
+    grads = []
+    for x in xs:
+        k = next((k for k, g in enumerate(spare) if g.shape == x.shape and g.dtype == x.dtype), None)
+        grads.append(torch.empty_like(x) if k is None else spare.pop(k))
+    return grads
+
+
 def kept_inputs(info) -> tuple[bool, ...]:
     """Whether the backward kernel reads each input: the others are not kept for the backward."""
     return tuple(("input", i) in info.c2k_return_mapping for i in range(len(info.input_names)))
@@ -655,7 +675,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
         grad_params = params.new_zeros(params.shape) if params is not None else None
         grad_shaped = [torch.zeros_like(v) if grad else None for v, grad in zip(shaped, learnable)]
     else:
-        grad_x, grad_init = into or ([torch.empty_like(x) for x in xs],
+        grad_x, grad_init = into or (_input_grads(xs, [] if traced else _own(grad_outs, grads[:n_out])),
                                      [like.new_empty(step) for _ in range(n_st)] if init_grads else [])
         unused = like  # a valid pointer for arguments a flag leaves unread (one the kernel does not write)
         args = [*grad_outs, *(grad_seqs or [unused] * n_st), *(grad_finals or [unused] * n_st), *saved, *xs,

@@ -547,3 +547,47 @@ def test_compiled_reciprocals_and_exponentials_are_one_instruction_each(tmp_path
     assert ptx.count("rcp.approx.ftz.f32") == 2  # d and 2 + exp(-v), once each (one neuron per thread)
     assert "div.full.f32" not in ptx and "div.rn.f32" not in ptx
     assert ptx.count("ex2.approx.ftz.f32") == 1 and "ex2.approx.f32" not in ptx  # exp(-v), once
+
+
+class _NewTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the tensors of ``shape`` with memory of their own that the ops run under it make."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape, self.seen, self.made = shape, set(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and tuple(t.shape) == self.shape and not t._is_view():
+                pointer = t.untyped_storage().data_ptr()
+                self.made += pointer not in self.seen
+                self.seen.add(pointer)
+        return out
+
+
+@pytest.mark.parametrize("spec", ["lif", "li"])  # (li: the time-parallel kernels, in chunks)
+def test_a_broadcast_upstream_gradient_lends_its_memory_to_the_input_gradient(spec, monkeypatch):
+    """``out.sum()`` gives the backward a broadcast gradient, which the kernels read as a contiguous copy;
+    the input's gradient takes that copy's memory: the backward makes one [T, N] tensor less than for
+    ``(out * weight).sum()``, whose upstream gradient ``weight * 1`` is one [T, N] tensor more, made by
+    autograd (the interpreter's own copies are the same in both). The gradients equal the torch backend's."""
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "4")
+    T, N = 11, 6
+    x = torch.rand(T, N, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    weight = torch.rand(T, N, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    grads, counts = {}, {}
+    for backend in ("torch", "triton"):
+        for upstream in ("broadcast", "contiguous"):
+            m = flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend=backend).double()
+            xg = x.clone().requires_grad_()
+            out = m(xg)
+            out = out[0] if isinstance(out, tuple) else out
+            loss = (out * weight).sum() if upstream == "contiguous" else out.sum() * 2.0
+            counter = _NewTensors((T, N))
+            with counter:
+                grads[backend, upstream], = torch.autograd.grad(loss, [xg])
+            counts[backend, upstream] = counter.made
+    assert counts["triton", "broadcast"] == counts["triton", "contiguous"] - 1
+    for upstream in ("broadcast", "contiguous"):
+        assert torch.allclose(grads["triton", upstream], grads["torch", upstream], rtol=1e-10, atol=1e-12)
