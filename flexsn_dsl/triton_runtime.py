@@ -179,17 +179,19 @@ class Kernels:
             stages, tile = (2 if block >= 512 else 4), 1
         else:
             # Fewer neurons (usually over many steps) leave the memory idle while each program waits
-            # on its next step's loads: one-warp blocks down to 32 neurons for more programs than SMs (16
-            # where even those are fewer than half the SMs), and time tiles, so that a program has a tile's
+            # on its next step's loads: blocks down to 32 neurons for more programs than SMs (16 where
+            # even those are fewer than half the SMs), and time tiles, so that a program has a tile's
             # loads in flight while the tile before runs (about T / 16 steps: measured on an H200,
-            # BENCHMARKS.md; without tiles, a loop pipelined 4 steps deep as before).
+            # BENCHMARKS.md; without tiles, a loop pipelined 4 steps deep as before). A thread holds one
+            # neuron's tiles (a warp a 32 neurons): the tile bound counts one neuron's values, and one-warp
+            # blocks of 64 or 128 neurons spilled them (benchmarks/register_check.py).
             block = 128
             while block > 32 and _cdiv(n, block) < 2 * sms:
                 block //= 2
             if _cdiv(n, block) < sms // 2:
                 block = 16
             tile = _time_tile(T, self.largest_tiles[direction], 16)
-            warps, stages = 1, (2 if tile > 1 else 4)
+            warps, stages = (max((settings.block or block) // 32, 1), 2) if tile > 1 else (1, 4)
         return {"_BLOCK": settings.block or block, "num_warps": settings.warps or warps,
                 "_STAGES": settings.stages or stages, "_TC": settings.time_tile or tile}
 
@@ -197,8 +199,8 @@ class Kernels:
         """Launch meta-parameters of the time-parallel kernels over n neurons and T steps, the steps of each
         chunk of a call and the backward's time tile (the meta-parameters hold the forward's). Chunks: a
         setting's; else all of T (and the sequential kernels' meta-parameters) in the interpreter and from
-        LONG_NEURONS neurons, where the sequential kernels keep the memory busy; else one-warp blocks of 32 to
-        128 neurons over chunks of at least SCAN_STEPS steps, enough for SCAN_PROGRAMS programs an SM."""
+        LONG_NEURONS neurons, where the sequential kernels keep the memory busy; else blocks of 32 to 128
+        neurons (a warp a 32) over chunks of at least SCAN_STEPS steps, enough for SCAN_PROGRAMS programs an SM."""
         chunk, block = max(T, 1), 128
         if not self.interpret:
             sms = _sm_count()
@@ -215,7 +217,7 @@ class Kernels:
         if not settings.scan_chunk:  # whole tiles a chunk
             chunk = _cdiv(chunk, tile) * tile
         meta = self.config(n, T, settings) if self.interpret else \
-            {"_BLOCK": block, "num_warps": settings.warps or 1, "_STAGES": settings.stages or 2}
+            {"_BLOCK": block, "num_warps": settings.warps or max(block // 32, 1), "_STAGES": settings.stages or 2}
         return {**meta, "_TC": tile}, chunk, backward_tile
 
     def scan_tile(self, chunk: int, direction: str, settings: LaunchSettings) -> int:

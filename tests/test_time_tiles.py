@@ -6,6 +6,7 @@ shapes the runtime picks from the neurons and steps of a call."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import os
 import subprocess
@@ -147,6 +148,30 @@ def test_launch_shapes_keep_many_neurons_as_they_were_and_tile_time_for_few(monk
     assert [gpu.config(4096, T, UNSET)["_TC"] for T in (1, 31, 32, 64, 500, 1000, 4096)] == [1, 1, 2, 4, 16, 32, 64]
     assert [gpu.config(4096, T, UNSET, "backward")["_TC"] for T in (500, 1000, 4096)] == [16, 32, 32]
     assert gpu.config(4096, 3, UNSET)["_STAGES"] == 4  # no tiles: the step-at-a-time loop pipelined as before
+
+
+def test_a_thread_holds_one_neurons_tiles(monkeypatch):
+    """Blocks of 64 or 128 neurons (16,896 to 65,535 on an H200) with tiles take a warp for each 32 neurons:
+    the tile bound counts one neuron's values a thread."""
+    gpu = _gpu_kernels(monkeypatch)
+    for n, T, block in ((20_000, 2048, 64), (40_000, 4096, 128), (8192, 1000, 32)):
+        config = gpu.config(n, T, UNSET)
+        assert config["_BLOCK"] == block and config["num_warps"] == block // 32 and config["_TC"] > 1
+    assert gpu.config(40_000, 8, UNSET)["num_warps"] == 1  # (no tiles: the loop as before)
+
+
+@pytest.mark.skipif(not list((Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin")
+                              .glob("cuobjdump")), reason="this Triton has no CUDA backend tools")
+def test_the_built_in_launch_keeps_the_tiles_in_registers():
+    """LIF's inference, forward and backward kernels at the built-in choice for 40,000 neurons x 4,096 steps
+    (blocks of 128, tiles of 64 and 32 steps), compiled for sm_90a by Triton and read by cuobjdump: no
+    stack frame (spilled registers). One-warp blocks of 128 spilled 1.3 to 2 KB a thread."""
+    root = NEURONS.parent
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "register_check.py"), str(NEURONS / "lif.yaml"),
+                          "-n", "40000", "-T", "4096"], capture_output=True, text=True, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0 and "0 kernel launches spill" in run.stdout, run.stdout + run.stderr[-2000:]
+    assert run.stdout.count(" registers") == 3
 
 
 def test_the_built_in_tile_unrolls_a_bounded_amount_of_code(monkeypatch):
