@@ -1,9 +1,9 @@
 """Registers and spills of the kernels the built-in launch choices compile, without a GPU: each spec's
-kernels compiled for an H200 (sm_90a, 132 SMs) by Triton, at the meta-parameters
-``triton_runtime.Kernels.config`` (sequential) and ``scan_config`` (time-parallel specs) give for each
-shape (its resource usage from ``cuobjdump``). A kernel that spills keeps part of a time tile in
-local memory (a stack frame) instead of registers: slower than its tile promises. Needs a Triton with
-its CUDA backend (the pip wheel bundles ``ptxas`` and ``cuobjdump``); no driver. Exits 1 when a kernel spills.
+kernels compiled for an H200 (sm_90a, 132 SMs) by Triton with the keywords of each launch of a training
+and an inference call's plan (``triton_runtime.Plan``: block, warps, time tile, flags) for each shape,
+their resource usage read by ``cuobjdump``. A kernel that spills keeps part of a time tile in local
+memory (a stack frame) instead of registers: slower than its tile promises. Needs a Triton with its
+CUDA backend (the pip wheel bundles ``cuobjdump``); no driver. Exits 1 when a kernel spills.
 
     python benchmarks/register_check.py                          # the zoo's lif, li, hh, adex
     python benchmarks/register_check.py neurons/lif.yaml -n 40000 -T 4096
@@ -21,18 +21,14 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "0"  # (compile for the GPU, not the interpreter: before Triton is imported)
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from flexsn_dsl import triton_runtime  # noqa: E402
 from flexsn_dsl.compiler import compile_spec  # noqa: E402
-from flexsn_dsl.names import kernel_name, scan_variant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMS = 132  # an H200's SMs
 SHAPES = [(256, 1000), (1024, 4096), (4096, 4096), (8192, 1000), (20_000, 2048), (40_000, 4096), (65_536, 500)]
-FLAGS = {"_CONST_INIT": True, "_HAS_STATE_GRADS": False, "_HAS_FINAL_GRADS": True, "_WRITE_INIT_GRADS": True,
-         "_CARRY_SUMS": False}
 
 
 def _cuobjdump() -> str:
@@ -42,15 +38,16 @@ def _cuobjdump() -> str:
     return str(found[0])
 
 
-def registers(kernel, meta: dict) -> tuple[int, int]:
-    """(registers, stack bytes a thread: spilled values) of ``kernel`` compiled with ``meta`` for sm_90a."""
-    given = {"_DTYPE": tl.float32, **FLAGS, **{k: v for k, v in meta.items() if k != "num_warps"}}
+def registers(kernel, keywords: dict, pointer: str) -> tuple[int, int]:
+    """(registers, stack bytes a thread: spilled values) of ``kernel`` compiled for sm_90a with a launch's
+    ``keywords`` (its constexprs and warps), its sequences of ``pointer`` type."""
+    given = {k: v for k, v in keywords.items() if k not in ("num_warps", *triton_runtime.COMPILE_OPTIONS)}
     ints = ("_T", "_N", "_L", "_C", "_P")
     signature = {a: "constexpr" if a in given else "i32" if a in ints or a.endswith(("__inner", "__size", "__split"))
-                 else "*i64" if a == "_seed" else "*fp32" for a in kernel.arg_names}
-    compiled = triton.compile(triton.compiler.ASTSource(kernel, signature, {a: given[a] for a in kernel.arg_names
-                                                                          if a in given}),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": meta.get("num_warps", 1)})
+                 else "*i64" if a == "_seed" else pointer for a in kernel.arg_names}
+    source = triton.compiler.ASTSource(kernel, signature, {a: given[a] for a in kernel.arg_names if a in given})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": keywords.get("num_warps", 4), **triton_runtime.COMPILE_OPTIONS})
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
     report = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
@@ -61,39 +58,40 @@ def registers(kernel, meta: dict) -> tuple[int, int]:
     return int(usage.group(1)), int(usage.group(2))
 
 
-def check(spec: Path, shapes: list[tuple[int, int]]) -> int:
-    """Print each kernel's registers and spills at each shape's launch choices; the number that spill."""
-    compiled = compile_spec(spec)
+def launches(plan: triton_runtime.Plan) -> list[tuple[str, object, dict]]:
+    """The kernels a training call and an inference call of ``plan`` launch, each with its keywords (state
+    sequences stored, constant initial states, a final-state gradient; not the tiled backward of learnable
+    shaped parameters, whose launch works out its own)."""
+    found = []
+    for training in (False, True):
+        variant, keywords = plan.forwards[training, True, True]
+        found.append((variant, plan.kernels[variant], keywords))
+    if not plan.tiled:
+        found.append(("backward", plan.kernels["backward"], plan.backward_flags[False, True, True]))
+    flags = {"scan_summary": plan.summary_flags, "scan_carry": plan.carry_flags[True],
+             "scan_adjoint_summary": plan.adjoint_summary_flags[False], "scan_adjoint_carry": plan.adjoint_carry_flags[True]}
+    found += [(v, kernel, flags[v]) for v, (kernel, _) in plan.chunk_kernels.items()]
+    return found
+
+
+def check(spec: Path, shapes: list[tuple[int, int]], dtype: torch.dtype) -> int:
+    """Print each kernel's registers and spills at each shape's launch plan; the number that spill."""
     triton_runtime._sm_count = lambda: SMS  # (the GPU's choice, worked out here)
-    kernels = triton_runtime.Kernels(compiled, torch.device("cuda"))
-    settings = triton_runtime.launch_settings()
-    module, name, spilled, seen = kernels.module, kernels.name, 0, {}
+    kernels = triton_runtime.Kernels(compile_spec(spec), torch.device("cuda"))
+    pointer = "*fp64" if dtype == torch.float64 else "*fp32"
+    spilled, seen = 0, {}
     for n, T in shapes:
-        plan = []
-        if kernels.scans:
-            meta, chunk, backward_tile = kernels.scan_config(n, T, settings)
-            chunked = chunk < T
-            for v in ("inference", "forward"):
-                plan.append((scan_variant(v) if chunked else v, meta))
-            if "backward" in kernels.scans:
-                plan.append((scan_variant("backward") if chunked else "backward", {**meta, "_TC": backward_tile}))
-            if chunked:
-                plan += [("scan_summary", meta), ("scan_adjoint_summary", {**meta, "_TC": backward_tile})]
-        else:
-            meta = kernels.config(n, T, settings)
-            plan = [("inference", meta), ("forward", meta),
-                    ("backward", {**meta, "_TC": kernels.config(n, T, settings, "backward")["_TC"]})]
-        for variant, meta in plan:
-            if compiled.triton_module() is None or not hasattr(module, kernel_name(name, variant)):
-                continue
-            meta = {k: v for k, v in meta.items() if k in ("_BLOCK", "_TC", "_STAGES", "num_warps")}
-            key = (variant, tuple(sorted(meta.items())))
+        plan = kernels.plan(torch.Size([T, n]), dtype, triton_runtime.launch_settings())
+        for variant, kernel, keywords in launches(plan):
+            key = (variant, repr(sorted(keywords.items())))
             if key not in seen:
-                seen[key] = registers(getattr(module, kernel_name(name, variant)), meta)
+                seen[key] = registers(kernel, keywords, pointer)
             regs, spill = seen[key]
             spilled += spill > 0
-            print(f"  {name:10} n={n:<7} T={T:<6} {variant:24} block {meta['_BLOCK']:4} warps {meta.get('num_warps', 1)} "
-                  f"tile {meta['_TC']:3}  {regs:3} registers" + (f"  SPILLS: {spill} bytes of stack" if spill else ""), flush=True)
+            name = kernel.fn.__name__ if hasattr(kernel, "fn") else variant
+            print(f"  {name:36} n={n:<7} T={T:<6} block {keywords['_BLOCK']:4} warps {keywords.get('num_warps', 4)} "
+                  f"tile {keywords.get('_TC', '-'):>3}  {regs:3} registers"
+                  + (f"  SPILLS: {spill} bytes of stack" if spill else ""), flush=True)
     return spilled
 
 
@@ -103,10 +101,12 @@ def main(argv: list[str] | None = None) -> int:
                         default=[ROOT / "neurons" / f"{s}.yaml" for s in ("lif", "li", "hh", "adex")])
     parser.add_argument("-n", "--neurons", type=int, nargs="+")
     parser.add_argument("-T", "--steps", type=int, nargs="+")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="the inputs' dtype (float64 halves the time tiles)")
     args = parser.parse_args(argv)
     shapes = [(n, T) for n in args.neurons for T in args.steps] if args.neurons and args.steps else SHAPES
-    print(f"triton {triton.__version__}, sm_90a, {SMS} SMs")
-    spilled = sum(check(spec, shapes) for spec in args.specs)
+    print(f"triton {triton.__version__}, sm_90a, {SMS} SMs, {args.dtype}")
+    spilled = sum(check(spec, shapes, getattr(torch, args.dtype)) for spec in args.specs)
     print(f"{spilled} kernel launches spill")
     return 1 if spilled else 0
 

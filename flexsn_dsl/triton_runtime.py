@@ -159,11 +159,12 @@ class Kernels:
         self.largest_tiles = {d: min(TILE, _power_of_two(TILE_CODE // code), _power_of_two(TILE_VALUES // (2 * r)))
                               for d, r in reads.items()}
 
-    def config(self, n: int, T: int, settings: LaunchSettings, direction: str = "forward") -> dict:
+    def config(self, n: int, T: int, settings: LaunchSettings, direction: str = "forward", wide: bool = False) -> dict:
         """Launch meta-parameters for n neurons over T steps: the block of neurons a program walks
         through time (it does not depend on T), its warps, the time loop's pipelining depth and
         time tile (``_TC``: steps whose loads are issued together; ``direction``: of the forward or the
-        backward kernels); each one a setting gives (:class:`LaunchSettings`), the heuristic's otherwise."""
+        backward kernels; ``wide``: of values of two registers, float64, half as many steps); each one a
+        setting gives (:class:`LaunchSettings`), the heuristic's otherwise."""
         if self.interpret:  # (small: a CPU runs each program in turn)
             block, tile = min(CPU_BLOCK, max(16, 1 << (max(n, 1) - 1).bit_length())), _time_tile(T, CPU_TILE, 2)
             return {"_BLOCK": settings.block or block, "_STAGES": 1, "_TC": settings.time_tile or tile}
@@ -190,12 +191,12 @@ class Kernels:
                 block //= 2
             if _cdiv(n, block) < sms // 2:
                 block = 16
-            tile = _time_tile(T, self.largest_tiles[direction], 16)
+            tile = _time_tile(T, self.largest(direction, wide), 16)
             warps, stages = (max((settings.block or block) // 32, 1), 2) if tile > 1 else (1, 4)
         return {"_BLOCK": settings.block or block, "num_warps": settings.warps or warps,
                 "_STAGES": settings.stages or stages, "_TC": settings.time_tile or tile}
 
-    def scan_config(self, n: int, T: int, settings: LaunchSettings) -> tuple[dict, int, int]:
+    def scan_config(self, n: int, T: int, settings: LaunchSettings, wide: bool = False) -> tuple[dict, int, int]:
         """Launch meta-parameters of the time-parallel kernels over n neurons and T steps, the steps of each
         chunk of a call and the backward's time tile (the meta-parameters hold the forward's). Chunks: a
         setting's; else all of T (and the sequential kernels' meta-parameters) in the interpreter and from
@@ -210,23 +211,27 @@ class Kernels:
             if n < LONG_NEURONS:
                 chunk = _cdiv(T, max(min(_cdiv(SCAN_PROGRAMS * sms, _cdiv(n, block)), T // SCAN_STEPS), 1)) or 1
         if not settings.scan_chunk and chunk >= T:  # one chunk: the sequential kernels' choice
-            return self.config(n, T, settings), chunk, self.config(n, T, settings, "backward")["_TC"]
+            return self.config(n, T, settings, wide=wide), chunk, self.config(n, T, settings, "backward", wide)["_TC"]
         chunk = max(settings.scan_chunk or chunk, _cdiv(T, MAX_GRID_Y))  # (the chunks: the grid's second axis)
-        tile = self.scan_tile(min(chunk, T), "forward", settings)
-        backward_tile = min(self.scan_tile(min(chunk, T), "backward", settings), tile)  # (a power of two: it divides)
+        tile = self.scan_tile(min(chunk, T), "forward", settings, wide)
+        backward_tile = min(self.scan_tile(min(chunk, T), "backward", settings, wide), tile)  # (powers of two: it divides)
         if not settings.scan_chunk:  # whole tiles a chunk
             chunk = _cdiv(chunk, tile) * tile
         meta = self.config(n, T, settings) if self.interpret else \
             {"_BLOCK": block, "num_warps": settings.warps or max(block // 32, 1), "_STAGES": settings.stages or 2}
         return {**meta, "_TC": tile}, chunk, backward_tile
 
-    def scan_tile(self, chunk: int, direction: str, settings: LaunchSettings) -> int:
+    def scan_tile(self, chunk: int, direction: str, settings: LaunchSettings, wide: bool = False) -> int:
         """The time tile of the time-parallel kernels of ``direction`` over chunks of ``chunk`` steps: a setting's,
         else a power of two, about a quarter of the chunk (half in the interpreter) and at most the
         direction's largest tile."""
         if settings.time_tile:
             return settings.time_tile
-        return _time_tile(chunk, CPU_TILE, 2) if self.interpret else _time_tile(chunk, self.largest_tiles[direction], 4)
+        return _time_tile(chunk, CPU_TILE, 2) if self.interpret else _time_tile(chunk, self.largest(direction, wide), 4)
+
+    def largest(self, direction: str, wide: bool) -> int:
+        """The largest built-in time tile of ``direction``, halved for values of two registers (float64)."""
+        return max(self.largest_tiles[direction] // (2 if wide else 1), 1)
 
     def plan(self, shape: torch.Size, dtype: torch.dtype, settings: LaunchSettings) -> Plan:
         """The launch plan of calls over inputs of ``shape`` and ``dtype`` (built once, then cached)."""
@@ -238,11 +243,11 @@ class Kernels:
             plan = self._plans[key] = Plan(self, shape, dtype, settings)
         return plan
 
-    def launch_tiled(self, tiling: "Tiling", T: int, args: list, traced: bool, **constexprs) -> None:
+    def launch_tiled(self, tiling: "Tiling", T: int, args: list, traced: bool, wide: bool, **constexprs) -> None:
         """Launch the tiled backward (a spec with learnable shaped parameters) over its tiles and T
         steps. Its tile is the block of a launch over the same neurons (not autotuned), its time tile the
-        backward's. ``traced``: see :meth:`Plan.launch`."""
-        config = self.config(tiling.rows * tiling.period, T, launch_settings(), "backward")
+        backward's (``wide``: float64). ``traced``: see :meth:`Plan.launch`."""
+        config = self.config(tiling.rows * tiling.period, T, launch_settings(), "backward", wide)
         del config["_BLOCK"]
         kernel = getattr(self.module, kernel_name(self.name, "backward"))
         (wrap_triton(kernel) if traced else kernel)[tiling.grid](*args, _ROWS=tiling.tile_rows,
@@ -310,18 +315,20 @@ class Plan:
         self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
         scans = kernels.scans if settings.time_parallel else ()
+        wide = dtype == torch.float64  # (values of two registers: half the time tile)
         self.autotuned = settings.autotune and not kernels.interpret and not scans
         self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, scan_variant(v) if v in scans else v))
                         for v in VARIANTS}
         if self.autotuned:
             self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
             self.block = 64  # a lower bound on the block size autotuning picks
-            meta: dict = {"_STAGES": settings.stages or 2, "_TC": kernels.config(self.n, self.T, settings)["_TC"]}
-            chunk, backward_tile = 0, kernels.config(self.n, self.T, settings, "backward")["_TC"]
+            meta: dict = {"_STAGES": settings.stages or 2, "_TC": kernels.config(self.n, self.T, settings, wide=wide)["_TC"]}
+            chunk, backward_tile = 0, kernels.config(self.n, self.T, settings, "backward", wide)["_TC"]
             self.grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
         else:
-            meta, chunk, backward_tile = kernels.scan_config(self.n, self.T, settings) if scans else \
-                (kernels.config(self.n, self.T, settings), 0, kernels.config(self.n, self.T, settings, "backward")["_TC"])
+            meta, chunk, backward_tile = kernels.scan_config(self.n, self.T, settings, wide) if scans else \
+                (kernels.config(self.n, self.T, settings, wide=wide), 0,
+                 kernels.config(self.n, self.T, settings, "backward", wide)["_TC"])
             self.block = meta["_BLOCK"]
             self.grid = (_cdiv(self.n, self.block),)
         # a time-parallel call: chunks of ``chunk`` steps, a program for each block of neurons and chunk
@@ -694,7 +701,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
             args += ([like if sums is None else sums] if plan.carries else []) + _seed_arg(seed)
-            plan.source.launch_tiled(tiling, T, args + [T, n, tiling.period], traced,
+            plan.source.launch_tiled(tiling, T, args + [T, n, tiling.period], traced, like.dtype == torch.float64,
                                      _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
                                      _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads,
                                      **({"_CARRY_SUMS": sums is not None} if plan.carries else {}))

@@ -162,13 +162,15 @@ def test_a_thread_holds_one_neurons_tiles(monkeypatch):
 
 @pytest.mark.skipif(not list((Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin")
                               .glob("cuobjdump")), reason="this Triton has no CUDA backend tools")
-def test_the_built_in_launch_keeps_the_tiles_in_registers():
-    """LIF's inference, forward and backward kernels at the built-in choice for 40,000 neurons x 4,096 steps
-    (blocks of 128, tiles of 64 and 32 steps), compiled for sm_90a by Triton and read by cuobjdump: no
-    stack frame (spilled registers). One-warp blocks of 128 spilled 1.3 to 2 KB a thread."""
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_built_in_launch_keeps_the_tiles_in_registers(dtype):
+    """LIF's inference, forward and backward kernels as a plan launches them for 40,000 neurons x 4,096 steps
+    (blocks of 128; tiles of 64 and 32 steps, float64 half as many), compiled for sm_90a by Triton and read by
+    cuobjdump: no stack frame (spilled registers). One-warp blocks of 128 spilled 1.3 to 2.8 KB a thread,
+    float64 at float32's tiles 0.1 to 1.6 KB."""
     root = NEURONS.parent
     run = subprocess.run([sys.executable, str(root / "benchmarks" / "register_check.py"), str(NEURONS / "lif.yaml"),
-                          "-n", "40000", "-T", "4096"], capture_output=True, text=True, cwd=root,
+                          "-n", "40000", "-T", "4096", "--dtype", dtype], capture_output=True, text=True, cwd=root,
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert run.returncode == 0 and "0 kernel launches spill" in run.stdout, run.stdout + run.stderr[-2000:]
     assert run.stdout.count(" registers") == 3
@@ -202,6 +204,10 @@ def test_a_plan_launches_the_backward_with_the_backward_tile(monkeypatch):
     assert {flags["_TC"] for flags in plan.carrying_flags.values()} == {32}  # (recompute's chunks)
     given = gpu.plan(torch.Size([4096, 4096]), torch.float32, UNSET._replace(time_tile=8))
     assert given.read_init["_TC"] == 8 and {flags["_TC"] for flags in given.backward_flags.values()} == {8}
+    # float64: values of two registers, half the tiles (a setting as given)
+    wide = gpu.plan(torch.Size([4096, 4096]), torch.float64, UNSET)
+    assert wide.read_init["_TC"] == 32 and {flags["_TC"] for flags in wide.backward_flags.values()} == {16}
+    assert gpu.plan(torch.Size([4096, 4096]), torch.float64, UNSET._replace(time_tile=8)).read_init["_TC"] == 8
 
 
 def test_launch_settings_override_each_choice(monkeypatch):
