@@ -185,18 +185,21 @@ def _run(text: str, parallel: bool, monkeypatch, steps: list[int], shape: tuple[
 
 
 def _compare(text: str, monkeypatch, steps, shape=(3,), chunk: int = 7, **kwargs) -> None:
-    """The time-parallel kernels against the sequential ones: in one chunk (the interpreter's choice) the
-    same bits; in chunks of ``chunk`` steps (the states at the chunks' boundaries from the composed maps,
-    which reorder the arithmetic) equal to 1e-9 relative."""
+    """The time-parallel kernels against the sequential ones: in one chunk the same bits (in the interpreter;
+    compiled, to 1e-12: the compiler may contract multiply-adds differently in kernels of other tiles); in
+    chunks of ``chunk`` steps (the states at the chunks' boundaries from the composed maps, which reorder
+    the arithmetic) equal to 1e-9 relative."""
     monkeypatch.delenv("FLEXSN_DSL_SCAN_CHUNK", raising=False)
     sequential = _run(text, False, monkeypatch, steps, shape, **kwargs)
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(triton_runtime.MAX_CHUNK))  # (one chunk, on a GPU too)
     one = _run(text, True, monkeypatch, steps, shape, **kwargs)
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(chunk))
     chunked = _run(text, True, monkeypatch, steps, shape, **kwargs)
     assert one.keys() == chunked.keys() == sequential.keys()
     assert any(k.endswith(".grad") for k in one) == kwargs.get("grad", True)
     for key in sequential:
-        assert torch.equal(one[key], sequential[key]), key
+        assert torch.equal(one[key], sequential[key]) if triton_runtime.interpreting() else \
+            _relative(one[key], sequential[key]) < 1e-12, key
         assert _relative(chunked[key], sequential[key]) < 1e-9, key
 
 
