@@ -9,9 +9,11 @@ against the memory floor (8 bytes a neuron-step / the copy bandwidth):
 - ``split``: a tile loaded as one ``[TC, BLOCK]`` block, its rows taken apart in registers (``tl.trans``,
   ``tl.reshape``, ``tl.split``), the next tile's block loaded before this one's steps.
 
-Each kernel's spikes are compared with ``seq``'s, and its first call (compilation) is timed.
+Each kernel's spikes are compared with ``seq``'s, and its first call (compilation) is timed. ``--core
+select`` writes the step with a shorter chain of dependent instructions (:data:`CORES`).
 
     python benchmarks/tile_patterns.py            # on a GPU
+    python benchmarks/tile_patterns.py --core select --tiles 64
     python benchmarks/tile_patterns.py --quick    # small shapes: runs anywhere (CPU: Triton's interpreter)
 """
 from __future__ import annotations
@@ -29,15 +31,24 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # (before Triton is imported)
 import triton  # noqa: E402
 
+# The step, two ways: as the generated core writes it, and with a shorter chain of dependent instructions
+# from v to the next v (compiled for sm_90a: FMUL FFMA FADD FSET FADD FMUL, against FFMA FADD FSETP FSEL;
+# the same values for finite inputs). Streaming (few neurons, many steps) waits on that chain.
+CORES = {
+    "plain": """    h = 0.5 * v + 0.5 * x
+    s = (h - 1.0 >= 0.0).to(tl.float32)
+    return s, h * (1.0 - s)""",
+    "select": """    h = tl.fma(v, 0.5, 0.5 * x)
+    fired = h - 1.0 >= 0.0
+    return tl.where(fired, 1.0, 0.0), tl.where(fired, 0.0, h)""",
+}
 HEADER = '''import triton
 import triton.language as tl
 
 
 @triton.jit
 def core(x, v):
-    h = 0.5 * v + 0.5 * x
-    s = (h - 1.0 >= 0.0).to(tl.float32)
-    return s, h * (1.0 - s)
+{core}
 
 
 @triton.jit
@@ -129,9 +140,10 @@ def _split(tc: int) -> str:
         "        block = nxt", *_advance(tc)])
 
 
-def build(tiles: list[int]):
-    """The kernels as a module: seq, tile{tc}, prefetch{tc}, split{tc} for each tc of ``tiles``."""
-    source = HEADER + "".join(_tile(tc) + _prefetch(tc) + _split(tc) for tc in tiles)
+def build(tiles: list[int], core: str = "plain"):
+    """The kernels as a module: seq, tile{tc}, prefetch{tc}, split{tc} for each tc of ``tiles``, each step
+    the ``core`` of :data:`CORES`."""
+    source = HEADER.replace("{core}", CORES[core]) + "".join(_tile(tc) + _prefetch(tc) + _split(tc) for tc in tiles)
     path = Path(tempfile.mkdtemp(prefix="tile_patterns_")) / "tile_pattern_kernels.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -145,13 +157,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small shapes and tiles (CPU: the interpreter)")
     parser.add_argument("--tiles", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--stages", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--core", choices=sorted(CORES), default="plain",
+                        help="the step: as generated (plain), or with a shorter dependent chain (select)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     shapes = [(37, 64), (8, 40)] if args.quick else [(500, 8192), (1000, 8192), (4096, 4096), (1000, 256)]
     tiles = [4, 8] if args.quick else args.tiles
     stages = [1] if args.quick else args.stages
-    mod = build(tiles)
+    mod = build(tiles, args.core)
     if cuda:
         from flexsn_dsl.bench import copy_bandwidth, graph_replay_ms
         bw = copy_bandwidth(device)
