@@ -30,9 +30,9 @@ from .literals import identifier
 from .names import VARIANTS, kernel_name
 from .parallel import Affine
 from .printer import TRITON, Printer
-from .templates import (I1, I2, _backward_kernel, _backward_names, _chunk_head, _draws, _forward_kernel, _head, _if,
-                        _initial_states, _load, _param_args, _params_load, _Read, _seed_args, _seed_load, _signature,
-                        _time_loops)
+from .templates import (I1, I2, _backward_kernel, _backward_names, _backward_reads, _chunk_head, _draws,
+                        _forward_kernel, _head, _if, _initial_states, _load, _param_args, _params_load, _Read,
+                        _seed_args, _seed_load, _signature, _time_loops)
 
 
 def _compose_source(name: str, pattern: tuple[tuple[int, int], ...], k: int, what: str) -> str:
@@ -63,16 +63,20 @@ def _summary_start(info: FlexSNInfo, pattern: tuple[tuple[int, int], ...], k: in
         [f"{I1}_Sb{i} = tl.zeros([_BLOCK], dtype=_DTYPE)" for i in range(k)]
 
 
+def _map_names(pattern: tuple[tuple[int, int], ...], k: int, a: str, b: str) -> list[str]:
+    """An affine map's variables: ``a`` + each entry of the matrix, then ``b`` + each row of the offset."""
+    return [f"{a}{i}_{j}" for i, j in pattern] + [f"{b}{i}" for i in range(k)]
+
+
 def _summary_step(pattern: tuple[tuple[int, int], ...], k: int, a: str, b: str, combine: str) -> str:
     """The step's map (``a``, ``b``) after the chunk's map so far."""
-    total = [f"_S{i}_{j}" for i, j in pattern] + [f"_Sb{i}" for i in range(k)]
-    step = [f"{a}{i}_{j}" for i, j in pattern] + [f"{b}{i}" for i in range(k)]
-    return f"{', '.join(total)}, = {combine}({', '.join(total + step)})"
+    total = _map_names(pattern, k, "_S", "_Sb")
+    return f"{', '.join(total)}, = {combine}({', '.join(total + _map_names(pattern, k, a, b))})"
 
 
 def _summary_end(pattern: tuple[tuple[int, int], ...], k: int) -> list[str]:
     """The chunk's map into ``_maps`` [chunks, rows, N] (entries of the matrix, then the offset)."""
-    total = [f"_S{i}_{j}" for i, j in pattern] + [f"_Sb{i}" for i in range(k)]
+    total = _map_names(pattern, k, "_S", "_Sb")
     return [f"{I1}tl.store(_maps + tl.cast(_chunk * {len(total)} + {r}, tl.int64) * _N + _offs, {v}, mask=_mask)"
             for r, v in enumerate(total)]
 
@@ -137,15 +141,11 @@ def _carry_kernel(cores: Cores, pattern: tuple[tuple[int, int], ...], adjoint: b
               f"{I2}_to = " + ("_c - 1" if adjoint else "_c + 1") + "  # the chunk its result starts",
               f"{I2}_here = _valid[:, None] & _mask[None, :]",
               f"{I2}_row = tl.cast(_c * {len(pattern) + k}, tl.int64)[:, None] * _N + _offs[None, :]"]
-    entries = [f"{i}_{j}" for i, j in pattern]
-    lines += [f"{I2}_m{e} = tl.load(_maps + _row + {r} * _N, mask=_here, other=0.0).to(_DTYPE)"
-              for r, e in enumerate(entries)]
-    lines += [f"{I2}_o{i} = tl.load(_maps + _row + {len(pattern) + i} * _N, mask=_here, other=0.0).to(_DTYPE)"
-              for i in range(k)]
+    maps = _map_names(pattern, k, "_m", "_o")  # (a row of _maps each, in order)
+    lines += [f"{I2}{m} = tl.load(_maps + _row + {r} * _N, mask=_here, other=0.0).to(_DTYPE)" for r, m in enumerate(maps)]
     combine = "_compose_adjoint" if adjoint else "_compose"
-    lines += [f"{I2}{', '.join(f'_A{e}' for e in entries)}, {', '.join(f'_B{i}' for i in range(k))}, = "
-              f"tl.associative_scan(({', '.join(f'_m{e}' for e in entries)}, {', '.join(f'_o{i}' for i in range(k))},), "
-              f"0, {combine})"]
+    lines += [f"{I2}{', '.join(_map_names(pattern, k, '_A', '_B'))}, = "
+              f"tl.associative_scan(({', '.join(maps)},), 0, {combine})"]
     for i, n in enumerate(states):
         terms = [f"_A{i}_{j} * {states[j]}[None, :]" for j in range(k) if (i, j) in pattern]
         lines += [f"{I2}{n}__to = {' + '.join(terms)} + _B{i}",
@@ -178,8 +178,7 @@ def _adjoint_summary_kernel(cores: Cores, affine: Affine) -> str:
               f'those before it), for one block of neurons."""']
     lines += _summary_start(info, adjoint, k, "tl.program_id(1) + 1")  # (launched for all chunks but the first)
     lines += [f"{I1}{p}_ptr = {p} + tl.cast(_ce - 1, tl.int64) * _N + _offs" for p in grad_out + read_unique + grad_states]
-    reads = [_Read(f"{p}_t", p) for p in grad_out + read_unique]
-    reads += [_Read(f"{n}__grad_states_t", f"{n}__grad_states", "_HAS_STATE_GRADS") for n in states]
+    reads = _backward_reads(info, grad_out, read_unique)
     step = ["if _HAS_STATE_GRADS:"] + [f"{I1}{n}__grad_next = {n}__grad_states_t" for n in states]
     step += ["else:"] + [f"{I1}{n}__grad_next = _zero" for n in states]
     step += _draws(info, call_args, "_ce - 1 - _s", True)

@@ -271,6 +271,13 @@ class _Read(NamedTuple):
     flag: str = ""
 
 
+def _backward_reads(info: FlexSNInfo, grad_out: list[str], read_unique: list[str]) -> list[_Read]:
+    """What a backward step reads: the outputs' upstream gradients, the kept sequences its core reads, and
+    the state sequences' upstream gradients where there are any (``_HAS_STATE_GRADS``)."""
+    reads = [_Read(f"{p}_t", p) for p in grad_out + read_unique]
+    return reads + [_Read(f"{n}__grad_states_t", f"{n}__grad_states", "_HAS_STATE_GRADS") for n in info.state_names]
+
+
 def _time_loops(reads: list[_Read], step: list[str], move: str, index: bool = False, blocks: bool = True,
                 length: str = "_T") -> list[str]:
     """The time loop: with ``_TC`` > 1, whole tiles of ``_TC`` steps, then the steps after the tiles one at a
@@ -438,14 +445,14 @@ def _backward_kernel(cores: Cores, chunked: bool = False) -> str:
     if chunked:
         lines += _chunk_head([f"{n}__grad_acc" for n in info.state_names], "_chunk < tl.num_programs(1) - 1",
                              writer="scan_adjoint_carry")
-    lines += [f"{I1}_last = tl.cast({'_ce' if chunked else '_T'} - 1, tl.int64) * _N"]
+    end = "_ce" if chunked else "_T"  # (time runs down from the step before it)
+    lines += [f"{I1}_last = tl.cast({end} - 1, tl.int64) * _N"]
     lines += [f"{I1}{p}_ptr = {p} + _last + _offs" for p in walking + [f"{n}__grad_states" for n in info.state_names]]
-    reads = [_Read(f"{p}_t", p) for p in grad_out + read_unique]
-    reads += [_Read(f"{n}__grad_states_t", f"{n}__grad_states", "_HAS_STATE_GRADS") for n in info.state_names]
+    reads = _backward_reads(info, grad_out, read_unique)
     step = [f"{n}__grad_next = {n}__grad_acc" for n in info.state_names]
     if info.state_names:
         step += ["if _HAS_STATE_GRADS:"] + [f"{I1}{n}__grad_next += {n}__grad_states_t" for n in info.state_names]
-    step += _draws(info, call_args, f"{'_ce' if chunked else '_T'} - 1 - _s", not tiled)
+    step += _draws(info, call_args, f"{end} - 1 - _s", not tiled)
     step += [f"{', '.join(results)} = {cores.backward_name}({', '.join(call_args)})"]
     step += [_store(f"{n}__grad_in_ptr", f"{n}__grad_in_t") for n in info.input_names]
     step += [f"{n}__grad_acc = {n}__grad_acc.to(_DTYPE)" for n in info.state_names]

@@ -211,15 +211,21 @@ class Kernels:
             if n < LONG_NEURONS:
                 chunk = _cdiv(T, max(min(_cdiv(SCAN_PROGRAMS * sms, _cdiv(n, block)), T // SCAN_STEPS), 1)) or 1
         if not settings.scan_chunk and chunk >= T:  # one chunk: the sequential kernels' choice
-            return self.config(n, T, settings, wide=wide), chunk, self.config(n, T, settings, "backward", wide)["_TC"]
+            meta, backward_tile = self.sequential_config(n, T, settings, wide)
+            return meta, chunk, backward_tile
         chunk = max(settings.scan_chunk or chunk, _cdiv(T, MAX_GRID_Y))  # (the chunks: the grid's second axis)
         tile = self.scan_tile(min(chunk, T), "forward", settings, wide)
         backward_tile = min(self.scan_tile(min(chunk, T), "backward", settings, wide), tile)  # (powers of two: it divides)
         if not settings.scan_chunk:  # whole tiles a chunk
             chunk = _cdiv(chunk, tile) * tile
-        meta = self.config(n, T, settings) if self.interpret else \
+        meta = self.config(n, T, settings, wide=wide) if self.interpret else \
             {"_BLOCK": block, "num_warps": settings.warps or max(block // 32, 1), "_STAGES": settings.stages or 2}
         return {**meta, "_TC": tile}, chunk, backward_tile
+
+    def sequential_config(self, n: int, T: int, settings: LaunchSettings, wide: bool = False) -> tuple[dict, int]:
+        """The sequential kernels' meta-parameters over n neurons and T steps (the forward's tile) and the
+        backward's time tile."""
+        return self.config(n, T, settings, wide=wide), self.config(n, T, settings, "backward", wide)["_TC"]
 
     def scan_tile(self, chunk: int, direction: str, settings: LaunchSettings, wide: bool = False) -> int:
         """The time tile of the time-parallel kernels of ``direction`` over chunks of ``chunk`` steps: a setting's,
@@ -315,24 +321,26 @@ class Plan:
         self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
         scans = kernels.scans if settings.time_parallel else ()
-        wide = dtype == torch.float64  # (values of two registers: half the time tile)
+        self.wide = wide = dtype == torch.float64  # (values of two registers: half the time tile)
         self.autotuned = settings.autotune and not kernels.interpret and not scans
         self.kernels = {v: getattr(kernels.module, kernel_name(kernels.name, scan_variant(v) if v in scans else v))
                         for v in VARIANTS}
         if self.autotuned:
             self.kernels = {v: _tuned(k) for v, k in self.kernels.items()}
             self.block = 64  # a lower bound on the block size autotuning picks
-            meta: dict = {"_STAGES": settings.stages or 2, "_TC": kernels.config(self.n, self.T, settings, wide=wide)["_TC"]}
-            chunk, backward_tile = 0, kernels.config(self.n, self.T, settings, "backward", wide)["_TC"]
+            sequential, backward_tile = kernels.sequential_config(self.n, self.T, settings, wide)
+            meta: dict = {"_STAGES": settings.stages or 2, "_TC": sequential["_TC"]}
+            chunk = 0
             self.grid = lambda meta: (_cdiv(self.n, meta["_BLOCK"]),)  # noqa: E731
         else:
-            meta, chunk, backward_tile = kernels.scan_config(self.n, self.T, settings, wide) if scans else \
-                (kernels.config(self.n, self.T, settings, wide=wide), 0,
-                 kernels.config(self.n, self.T, settings, "backward", wide)["_TC"])
+            if scans:
+                meta, chunk, backward_tile = kernels.scan_config(self.n, self.T, settings, wide)
+            else:
+                (meta, backward_tile), chunk = kernels.sequential_config(self.n, self.T, settings, wide), 0
             self.block = meta["_BLOCK"]
             self.grid = (_cdiv(self.n, self.block),)
         # a time-parallel call: chunks of ``chunk`` steps, a program for each block of neurons and chunk
-        self.chunk = chunk if scans else 0
+        self.chunk = chunk
         self.chunks = _cdiv(self.T, self.chunk) if scans else 1
         self.map_rows = kernels.map_rows
         blocks = _cdiv(self.n, self.block)
@@ -701,7 +709,7 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
             args += [partial] if partial is not None else []
             args += [a for p in partials.values() for a in (p, p.shape[2])]
             args += ([like if sums is None else sums] if plan.carries else []) + _seed_arg(seed)
-            plan.source.launch_tiled(tiling, T, args + [T, n, tiling.period], traced, like.dtype == torch.float64,
+            plan.source.launch_tiled(tiling, T, args + [T, n, tiling.period], traced, plan.wide,
                                      _DTYPE=_compute_dtype(like.dtype), _HAS_STATE_GRADS=grad_seqs is not None,
                                      _HAS_FINAL_GRADS=grad_finals is not None, _WRITE_INIT_GRADS=init_grads,
                                      **({"_CARRY_SUMS": sums is not None} if plan.carries else {}))
