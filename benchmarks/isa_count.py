@@ -8,6 +8,11 @@ counts, an ALU floor: every instruction issues at one warp instruction per clock
 (4 per SM), MUFU (exp2, reciprocal) at 16 lanes per clock per SM; the larger of the two bounds a kernel.
 
     python benchmarks/isa_count.py neurons/hh.yaml [-T 64] [-n 1048576] [--block 1024 --warps 4] [--tile 1]
+        [--variants inference forward backward]
+
+Each kernel's dependent chain is the longest run of instructions in one pass of its time loop that
+each wait on the one before, per step: with few neurons (batch-1 streaming) a program waits on it at every
+step (``--block 16 --warps 1 --tile 64 --variants inference``: LIF's is 3 instructions, fma, compare, select).
 
 Defaults: the H200 (sm_90, 132 SMs, 1.98 GHz) and the launch the runtime picks for a large
 population (1024-neuron blocks of 4 warps, 2 pipelining stages, no time tiles). A benchmark, not a test.
@@ -73,18 +78,42 @@ def registers(cubin: bytes) -> str:
     return f"{found.group(1)} registers, {found.group(2)} B stack" if found else "registers unknown"
 
 
-def loop_counts(cubin: bytes) -> collections.Counter:
-    """Instructions of the largest loop of the SASS (the time loop), by opcode with modifiers."""
+INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_.]+)?)\s*([^;]*);")
+NO_DESTINATION = {"STG", "STS", "STL", "ST", "RED", "REDG", "BRA", "EXIT", "BAR", "RET", "CALL", "NOP", "BSSY", "BSYNC",
+                  "WARPSYNC", "DEPBAR"}
+
+
+def loop_instructions(cubin: bytes) -> list[tuple[str, str, str]]:
+    """The largest loop of the SASS (the time loop): each instruction's guard predicate, opcode (with
+    modifiers) and operands."""
     lines = _tool("nvdisasm", "-c", cubin).splitlines()
     labels = {line[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\.L_x_\d+:", line)}
     loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
              if (m := re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
     first, last = max(loops, key=lambda span: span[1] - span[0])
-    counts = collections.Counter()
-    for line in lines[first:last + 1]:
-        if m := re.match(r"\s*/\*[0-9a-f]+\*/\s*(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_.]+)?)", line):
-            counts[m.group(1)] += 1
-    return counts
+    return [(m.group(1) or "", m.group(2), m.group(3)) for line in lines[first:last + 1]
+            if (m := INSTRUCTION.match(line))]
+
+
+def loop_counts(cubin: bytes) -> collections.Counter:
+    """Instructions of the time loop, by opcode with modifiers."""
+    return collections.Counter(op for _, op, _ in loop_instructions(cubin))
+
+
+def longest_chain(cubin: bytes) -> int:
+    """The most instructions of one pass of the time loop that each wait on the one before (through
+    registers and predicates): with a tile of steps unrolled, about the tile's steps times one step's
+    chain from its states to the next step's, which a program with few neurons waits on at every step."""
+    depth: dict[str, int] = {}
+    for guard, op, operands in loop_instructions(cubin):
+        registers = [re.findall(r"\bU?[RP](?:\d+|T|Z)\b", part) for part in operands.split(",")]
+        base = op.split(".")[0]
+        writes = 0 if base in NO_DESTINATION else 2 if base.endswith("SETP") else 1
+        written = [r for part in registers[:writes] for r in part]
+        read = [r for part in registers[writes:] for r in part] + re.findall(r"U?P\d+", guard)
+        d = 1 + max((depth.get(r, 0) for r in read if r not in ("RZ", "PT", "URZ", "UPT")), default=0)
+        depth.update((r, d) for r in written)
+    return max(depth.values(), default=0)
 
 
 def kinds(counts: collections.Counter) -> dict[str, int]:
@@ -115,24 +144,28 @@ def main() -> None:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--tile", type=int, default=1, help="steps per time tile (_TC)")
+    parser.add_argument("--variants", nargs="+", default=["forward", "backward"],
+                        choices=["inference", "forward", "backward"], help="kernels to count (default: training's)")
     args = parser.parse_args()
     module = compile_spec(args.spec).triton_module()
-    per_thread = args.block // (32 * args.warps) * args.tile  # neuron-steps per thread and iteration
+    per_thread = max(args.block // (32 * args.warps), 1) * args.tile  # neuron-steps per thread and iteration
     steps = args.T * args.n
     total = 0.0
-    for variant in ("forward", "backward"):
+    for variant in args.variants:
         kernel = compile_kernel(module, variant, args.arch, args.block, args.warps, args.stages, args.tile)
         counts = loop_counts(kernel.asm["cubin"])
+        chain = longest_chain(kernel.asm["cubin"]) / args.tile
         per_step = sum(counts.values()) / per_thread
         mufu = sum(n for op, n in counts.items() if op.startswith("MUFU")) / per_thread
         issue_ms = steps * per_step / (args.sms * 4 * 32 * args.ghz * 1e9) * 1e3
         mufu_ms = steps * mufu / (args.sms * 16 * args.ghz * 1e9) * 1e3
         total += max(issue_ms, mufu_ms)
         detail = ", ".join(f"{k} {v / per_thread:.1f}" for k, v in kinds(counts).items())
-        print(f"{variant:>8}: {per_step:6.1f} instructions per neuron-step ({detail}); "
+        print(f"{variant:>9}: {per_step:6.1f} instructions per neuron-step ({detail}); "
               f"{registers(kernel.asm['cubin'])}")
-        print(f"{'':>10}ALU floor at T={args.T}, n={args.n}: issue {issue_ms:.3f} ms, MUFU {mufu_ms:.3f} ms")
-    print(f"training ALU floor (forward + backward): {total:.3f} ms")
+        print(f"{'':>11}ALU floor at T={args.T}, n={args.n}: issue {issue_ms:.3f} ms, MUFU {mufu_ms:.3f} ms; "
+              f"dependent chain {chain:.1f} instructions per step")
+    print(f"ALU floor ({' + '.join(args.variants)}): {total:.3f} ms")
 
 
 if __name__ == "__main__":

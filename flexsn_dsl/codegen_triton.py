@@ -1,7 +1,7 @@
 """Stage 4b: the single-step Triton cores (forward and backward) and the FlexSNInfo.
 
-The forward core is printed from the step IR; the backward core from its
-symbolic reverse-mode derivative (:mod:`flexsn_dsl.autodiff`). The template
+The forward core is printed from the step IR, the backward core from its symbolic reverse-mode
+derivative (:mod:`flexsn_dsl.autodiff`), each in the form :mod:`flexsn_dsl.chain` gives it. The template
 engine (:mod:`flexsn_dsl.templates`) expands both into multi-step kernels.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import sympy
 
 from .autodiff import Backward, differentiate, name_spike_arguments, share_reciprocals
+from .chain import ShortChain, used
 from .ir import StepIR
 from .literals import identifier, number
 from .names import CORES, core_name
@@ -199,7 +200,8 @@ def build_cores(ir: StepIR) -> Cores:
     output_names = tuple(identifier(n) for n in ir.output_names)
     fwd = [f"@triton.jit", f"def {forward_name}({fwd_args}):",
            f'    """One step of {name}: returns outputs {inputs and output_names}, next states, saved values."""']
-    fwd += _assignments(p, ir.assignments)
+    returned = list(ir.outputs) + list(ir.next_states) + extras
+    fwd += _assignments(p, used(ShortChain(ir.states).lines(ir.assignments), returned))
     folded = {s: e for s, e in ir.assignments if e.is_number}
     fwd.append("    return " + ", ".join(_tensor(p, folded.get(s, s), first_tensor)
                                        for s in list(ir.outputs) + list(ir.next_states) + extras))
@@ -212,13 +214,18 @@ def build_cores(ir: StepIR) -> Cores:
     seed_ref = backward.seeds[0].name
     bwd = [f"@triton.jit", f"def {backward_name}({', '.join(identifier(a) for a in bwd_args)}):",
            f'    """Reverse of one step: gradients of inputs, previous states and learnable parameters."""']
-    if backward.recompute:
+    reverse = ShortChain(backward.seeds[len(ir.outputs):])  # the state gradients carry the backward's chain
+    recompute, adjoints = reverse.lines(backward.recompute), reverse.lines(backward.adjoints)
+    results = [reverse.expr(r) for r in backward.results]
+    kept = {sym for sym, _ in used(recompute + adjoints, set().union(*(r.free_symbols for r in results)))}
+    recompute, adjoints = ([(sym, e) for sym, e in lines if sym in kept] for lines in (recompute, adjoints))
+    if recompute:
         bwd.append("    # recompute the forward values the gradients need")
-        bwd += _assignments(p, backward.recompute)
-    if backward.adjoints:
+        bwd += _assignments(p, recompute)
+    if adjoints:
         bwd.append("    # adjoints, last assignment first")
-        bwd += _assignments(p, backward.adjoints)
-    bwd.append("    return " + ", ".join(_tensor(p, r, seed_ref) for r in backward.results))
+        bwd += _assignments(p, adjoints)
+    bwd.append("    return " + ", ".join(_tensor(p, r, seed_ref) for r in results))
 
     info = FlexSNInfo(
         neuron=name,

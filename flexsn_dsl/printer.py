@@ -10,7 +10,8 @@ from sympy.codegen.cfunctions import expm1, log1p
 from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
 from .literals import identifier, number
-from .symbolic import Detach, PowBaseGrad, PowExpGrad, Reciprocal, Sigmoid, Spike, SurrogateGrad
+from .symbolic import (Detach, FusedMultiplyAdd, PowBaseGrad, PowExpGrad, Reciprocal, Scaled, Sigmoid, Spike,
+                       SpikeAtLeast, SurrogateGrad)
 
 ATOM, POW, UNARY, MUL, ADD, CMP, AND, OR = 100, 60, 50, 40, 30, 20, 15, 10
 
@@ -55,13 +56,14 @@ TRITON = Dialect(
                Sigmoid: "tl.sigmoid({0})", Reciprocal: "_reciprocal({0})", sympy.atan: "_atan({0})", sympy.erf: "tl.erf({0})",
                sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (_expm1({0}) - _expm1(-({0}))))",
                sympy.tan: "(tl.sin({0}) / tl.cos({0}))", expm1: "_expm1({0})", log1p: "_log1p({0})",
-               sympy.floor: "tl.floor({0})"},
+               sympy.floor: "tl.floor({0})", FusedMultiplyAdd: "tl.fma({0}, {1}, {2})",
+               SpikeAtLeast: "_heaviside_ge({0}, {1})"},
     where="tl.where({0}, {1}, {2})",
     spike="_heaviside({0})",
     detach="{0}",
     scalar_where=_triton_scalar_where,
     helpers={sympy.exp: "_exp", Reciprocal: "_reciprocal", sympy.atan: "_atan", expm1: "_expm1", log1p: "_log1p",
-             sympy.sinh: "_expm1"},
+             sympy.sinh: "_expm1", SpikeAtLeast: "_heaviside_ge"},
 )
 
 # Triton helpers for single PTX instructions: float32 in compiled kernels only (the interpreter has no
@@ -94,8 +96,14 @@ def _reciprocal(x):
 }
 
 # Triton helpers for functions Triton has only in libdevice (which its interpreter lacks): the same
-# code compiled and interpreted, accurate in float32 and float64.
+# code compiled and interpreted, accurate in float32 and float64; and a spike's forward as a comparison.
 _FUNCTION_HELPERS = {
+    "_heaviside_ge": '''@triton.jit
+def _heaviside_ge(a, b):
+    """spike(a - b) forward as one comparison: 1 where a >= b (where a - b >= 0, for finite a and b), else 0,
+    in a's dtype."""
+    return tl.where(a >= b, 1.0, 0.0).to(a.dtype)
+''',
     "_atan": '''@triton.jit
 def _atan(x):
     """atan(x): |x| > 1 by atan(a) = pi/2 - atan(1/a), then a > tan(pi/12) by atan(a) = pi/6 +
@@ -243,6 +251,8 @@ class Printer:
             return self._wrap(joiner.join(f"({self._print(a, 0)})" for a in e.args), prec, outer)
         if isinstance(e, Spike):
             return self.dialect.spike.format(self._print(e.args[0], 0))
+        if isinstance(e, Scaled):
+            return self._wrap(f"{self._print(e.args[0], MUL)} * {self._print(e.args[1], MUL + 1)}", MUL, outer)
         if isinstance(e, Detach):
             return self.dialect.detach.format(self._print(e.args[0], outer if self.dialect is TRITON else 0))
         if isinstance(e, (PowBaseGrad, PowExpGrad)):

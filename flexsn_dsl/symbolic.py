@@ -1,4 +1,5 @@
-"""The sympy vocabulary of the IR: spike, its surrogate gradient, detach, sigmoid."""
+"""The sympy vocabulary of the IR: spike, its surrogate gradient, detach, sigmoid (and the forms only
+the Triton cores print: a fused multiply-add, a product in a given order, a spike as a comparison)."""
 from __future__ import annotations
 
 import sympy
@@ -79,6 +80,30 @@ class Reciprocal(sympy.Function):
 
     def fdiff(self, argindex=1):
         return -self ** 2
+
+
+class FusedMultiplyAdd(sympy.Function):
+    """``x * c + r`` rounded once (Triton's ``tl.fma``): printed only, never differentiated
+    (:mod:`flexsn_dsl.chain`)."""
+
+    nargs = 3
+    is_real = True
+
+
+class Scaled(sympy.Function):
+    """``x * c`` with ``c``'s own product computed first (one multiplication of ``x``): printed only, never
+    differentiated (:mod:`flexsn_dsl.chain`)."""
+
+    nargs = 2
+    is_real = True
+
+
+class SpikeAtLeast(sympy.Function):
+    """``spike(a - b)``'s forward as the comparison ``a >= b``: printed only, never differentiated
+    (:mod:`flexsn_dsl.chain`)."""
+
+    nargs = 2
+    is_real = True
 
 
 class GeneralPow(sympy.Function):

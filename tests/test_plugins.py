@@ -277,7 +277,7 @@ def test_cli_build_and_show_with_passes(site, tmp_path):
     assert done.returncode == 0, done.stderr
     kernels = (out / "eif.py").read_text()
     assert "passes: fast_math, safe_exp" in kernels or "passes: safe_exp, fast_math" in kernels
-    assert "_exp(tl.minimum(" in kernels and "def _fast_div(a, b):" in kernels and "_fast_div(grad__s" in kernels
+    assert "_exp(tl.minimum(" in kernels and "def _fast_div(a, b):" in kernels and "grad__s * _fast_div(1.0, " in kernels
     assert "torch.exp(torch.clamp(" in (out / "eif_soft_reset_torch.py").read_text()
     done = _cli("show", EIF_SOFT, "--kernel", "module", "--pass", "fast_math", env=env)
     assert done.returncode == 0 and "_fast_div(" in done.stdout and "tl.minimum" not in done.stdout

@@ -321,12 +321,13 @@ def test_names_next_to_the_refused_ones_build_and_run(text, backend):
             assert torch.allclose(out[1][t], v) and torch.equal(out[2][t], x[t])
 
 
-HELPERS = {"_heaviside", "_tile_load", "_tile_rows"}
+HELPERS = {"_heaviside", "_heaviside_ge", "_tile_load", "_tile_rows"}
 
 
 def test_generated_names_are_the_generated_modules_functions():
     """names.generated_names lists exactly the top-level functions the Triton module defines
-    from the neuron's name (plus the shared helpers _heaviside, _tile_load and _tile_rows, and the scans'
+    from the neuron's name (plus the shared helpers _heaviside, _tile_load and _tile_rows, the printer's
+    _heaviside_ge (a spike's comparison, flexsn_dsl.chain), and the scans'
     combines of a time-parallel spec such as this one, without a reset)."""
     compiled = compile_spec(text=simple(neuron="lif"))
     tree = ast.parse(compiled.triton_source)
