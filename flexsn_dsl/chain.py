@@ -1,5 +1,6 @@
-"""Stage 4a: the step as the Triton cores print it, with a short chain of dependent instructions from one
-step's states to the next's (forward), and from one step's state gradients to the step before's (backward).
+"""Stage 4b, before printing: the step's lines in the form the Triton cores print them, with a short chain of
+dependent instructions from one step's states to the next's (forward), and from one step's state gradients
+to the step before's (backward).
 
 With few neurons and many steps a kernel waits on that chain at every step (batch-1 streaming), so the
 cores are printed from an equivalent form of their lines; the IR itself, which
