@@ -24,6 +24,7 @@ import collections
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -40,42 +41,61 @@ from flexsn_dsl.names import kernel_name  # noqa: E402
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 FLAGS = {"_CONST_INIT": True, "_HAS_STATE_GRADS": False, "_HAS_FINAL_GRADS": False, "_WRITE_INIT_GRADS": False,
          "_CARRY_SUMS": False}
-INTEGERS = ("__inner", "__size", "__split")
+INTEGERS = ("_T", "_N", "_L", "_C", "_P")  # and names ending in these (shaped parameters' sizes):
+SIZES = ("__inner", "__size", "__split")
 
 
-def compile_kernel(module, variant: str, arch: int, block: int, warps: int, stages: int, tile: int = 1):
-    """One kernel variant of a generated module, compiled for sm_<arch> with float32 tensors."""
-    fn = getattr(module, kernel_name(module.INFO.neuron, variant))
+def compile_for_sm(fn, given: dict, warps: int, arch: int = 90, pointer: str = "*fp32", aligned: bool = True,
+                   options: dict | None = None):
+    """A generated kernel ``fn`` compiled for sm_<arch>: the constexprs of ``given`` that it takes, integers,
+    the seed as int64 and every other argument a ``pointer``; ``aligned``: pointers and ``_N`` divisible by 16
+    (as Triton specializes most launches)."""
     signature, constants, attrs = {}, {}, {}
-    # the tiled backward (learnable shaped parameters) walks tiles of _ROWS x _COLS = block neurons
-    given = {"_BLOCK": block, "_DTYPE": tl.float32, "_STAGES": stages, "_TC": tile, "_ROWS": block // 32, "_COLS": 32,
-             **FLAGS}
     for i, arg in enumerate(fn.arg_names):
         if arg in given:
             signature[arg], constants[arg] = "constexpr", given[arg]
-        elif arg in ("_T", "_N", "_P") or arg.endswith(INTEGERS):
+        elif arg in INTEGERS or arg.endswith(SIZES):
             signature[arg] = "i32"
         elif arg == "_seed":  # a noisy spec's seed and first step
             signature[arg] = "*i64"
         else:
-            signature[arg] = "*fp32"
-        if signature[arg] == "*fp32" or arg == "_N":
+            signature[arg] = pointer
+        if aligned and (signature[arg] == pointer or arg == "_N"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = triton.compiler.ASTSource(fn, signature, constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, **(options or {})})
+
+
+def compile_kernel(module, variant: str, arch: int, block: int, warps: int, stages: int, tile: int = 1):
+    """One kernel variant of a generated module, compiled for sm_<arch> with float32 tensors."""
+    # the tiled backward (learnable shaped parameters) walks tiles of _ROWS x _COLS = block neurons
+    given = {"_BLOCK": block, "_DTYPE": tl.float32, "_STAGES": stages, "_TC": tile, "_ROWS": block // 32, "_COLS": 32,
+             **FLAGS}
+    return compile_for_sm(getattr(module, kernel_name(module.INFO.neuron, variant)), given, warps, arch)
 
 
 def _tool(name: str, flag: str, cubin: bytes) -> str:
+    """A CUDA tool Triton bundles (cuobjdump, nvdisasm) run on ``cubin``: its output."""
+    tool = TOOLS / name
+    if not tool.exists():
+        sys.exit(f"{Path(sys.argv[0]).name}: this Triton has no bundled {name} (its CUDA backend)")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([str(TOOLS / name), flag, f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resource_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers a thread, stack bytes a thread: spills or local arrays) of a compiled kernel."""
+    found = re.search(r"REG:(\d+) STACK:(\d+)", _tool("cuobjdump", "-res-usage", cubin))
+    if not found:
+        sys.exit(f"{Path(sys.argv[0]).name}: cuobjdump said no resource usage")
+    return int(found.group(1)), int(found.group(2))
 
 
 def registers(cubin: bytes) -> str:
     """Registers per thread and stack bytes (spills) of the kernel."""
-    found = re.search(r"REG:(\d+) STACK:(\d+)", _tool("cuobjdump", "-res-usage", cubin))
-    return f"{found.group(1)} registers, {found.group(2)} B stack" if found else "registers unknown"
+    return "{} registers, {} B stack".format(*resource_usage(cubin))
 
 
 INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s*(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_.]+)?)\s*([^;]*);")

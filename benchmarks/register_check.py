@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # (compile for the GPU, not the interpreter: before Triton is imported)
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from flexsn_dsl import triton_runtime  # noqa: E402
 from flexsn_dsl.compiler import compile_spec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from isa_count import loop_instructions  # noqa: E402
+from isa_count import compile_for_sm, loop_instructions, resource_usage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMS = 132  # an H200's SMs
@@ -37,34 +33,16 @@ SHAPES = [(256, 1000), (1024, 4096), (4096, 4096), (8192, 1000), (20_000, 2048),
 LOCAL_STEPS = 8  # a time loop's stack accesses (local loads and stores) count as a spill above one per this many steps
 
 
-def _cuobjdump() -> str:
-    found = list((Path(triton.__file__).parent / "backends" / "nvidia" / "bin").glob("cuobjdump"))
-    if not found:
-        sys.exit("register_check.py: this Triton has no bundled cuobjdump (its CUDA backend)")
-    return str(found[0])
-
-
 def registers(kernel, keywords: dict, pointer: str) -> tuple[int, int, int]:
     """(registers, stack bytes a thread: spilled values, local loads and stores in one pass of the time loop)
     of ``kernel`` compiled for sm_90a with a launch's ``keywords`` (its constexprs and warps), its sequences
     of ``pointer`` type."""
     given = {k: v for k, v in keywords.items() if k not in ("num_warps", *triton_runtime.COMPILE_OPTIONS)}
-    ints = ("_T", "_N", "_L", "_C", "_P")
-    signature = {a: "constexpr" if a in given else "i32" if a in ints or a.endswith(("__inner", "__size", "__split"))
-                 else "*i64" if a == "_seed" else pointer for a in kernel.arg_names}
-    source = triton.compiler.ASTSource(kernel, signature, {a: given[a] for a in kernel.arg_names if a in given})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": keywords.get("num_warps", 4), **triton_runtime.COMPILE_OPTIONS})
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-        f.write(compiled.asm["cubin"])
-    report = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    os.unlink(f.name)
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", report)
-    if not usage:
-        sys.exit(f"register_check.py: cuobjdump said no resource usage:\n{report}")
-    stack = int(usage.group(2))
+    compiled = compile_for_sm(kernel, given, keywords.get("num_warps", 4), pointer=pointer, aligned=False,
+                              options=triton_runtime.COMPILE_OPTIONS)
+    regs, stack = resource_usage(compiled.asm["cubin"])
     local = sum(op.startswith(("LDL", "STL")) for _, op, _ in loop_instructions(compiled.asm["cubin"])) if stack else 0
-    return int(usage.group(1)), stack, local
+    return regs, stack, local
 
 
 def launches(plan: triton_runtime.Plan) -> list[tuple[str, object, dict]]:
