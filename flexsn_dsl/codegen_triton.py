@@ -206,19 +206,18 @@ def build_cores(ir: StepIR) -> Cores:
     fwd.append("    return " + ", ".join(_tensor(p, folded.get(s, s), first_tensor)
                                        for s in list(ir.outputs) + list(ir.next_states) + extras))
 
-    read = set().union(*(e.free_symbols for _, e in backward.recompute + backward.adjoints),
-                       *(r.free_symbols for r in backward.results))
+    reverse = ShortChain(backward.seeds[len(ir.outputs):])  # the state gradients carry the backward's chain
+    recompute, adjoints = reverse.lines(backward.recompute), reverse.lines(backward.adjoints)
+    results = [reverse.expr(r) for r in backward.results]
+    kept = {sym for sym, _ in used(recompute + adjoints, set().union(*(r.free_symbols for r in results)))}
+    recompute, adjoints = ([(sym, e) for sym, e in lines if sym in kept] for lines in (recompute, adjoints))
+    read = set().union(*(e.free_symbols for _, e in recompute + adjoints), *(r.free_symbols for r in results))
     bwd_args = [s.name for s in backward.saved] + [s.name for s in backward.seeds] + params + \
         [d.name for d in ir.used_draws if d in read]
     bwd_returns = [f"grad__{n}" for n in inputs + states + learnable]
     seed_ref = backward.seeds[0].name
     bwd = [f"@triton.jit", f"def {backward_name}({', '.join(identifier(a) for a in bwd_args)}):",
            f'    """Reverse of one step: gradients of inputs, previous states and learnable parameters."""']
-    reverse = ShortChain(backward.seeds[len(ir.outputs):])  # the state gradients carry the backward's chain
-    recompute, adjoints = reverse.lines(backward.recompute), reverse.lines(backward.adjoints)
-    results = [reverse.expr(r) for r in backward.results]
-    kept = {sym for sym, _ in used(recompute + adjoints, set().union(*(r.free_symbols for r in results)))}
-    recompute, adjoints = ([(sym, e) for sym, e in lines if sym in kept] for lines in (recompute, adjoints))
     if recompute:
         bwd.append("    # recompute the forward values the gradients need")
         bwd += _assignments(p, recompute)
