@@ -56,8 +56,7 @@ TRITON = Dialect(
                Sigmoid: "tl.sigmoid({0})", Reciprocal: "_reciprocal({0})", sympy.atan: "_atan({0})", sympy.erf: "tl.erf({0})",
                sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (_expm1({0}) - _expm1(-({0}))))",
                sympy.tan: "(tl.sin({0}) / tl.cos({0}))", expm1: "_expm1({0})", log1p: "_log1p({0})",
-               sympy.floor: "tl.floor({0})", FusedMultiplyAdd: "tl.fma({0}, {1}, {2})",
-               SpikeAtLeast: "_heaviside_ge({0}, {1})"},
+               sympy.floor: "tl.floor({0})", SpikeAtLeast: "_heaviside_ge({0}, {1})"},
     where="tl.where({0}, {1}, {2})",
     spike="_heaviside({0})",
     detach="{0}",
@@ -261,6 +260,8 @@ class Printer:
             raise ValueError("SurrogateGrad must be substituted before printing")
         if isinstance(e, (sympy.Max, sympy.Min)):
             return self._extremum(e)
+        if isinstance(e, FusedMultiplyAdd) and self.dialect is TRITON:
+            return f"tl.fma({', '.join(self._operands(e.args))})"
         if isinstance(e, sympy.Heaviside):
             x = e.args[0]
             h0 = e.args[1] if len(e.args) > 1 else sympy.Rational(1, 2)
@@ -360,10 +361,19 @@ class Printer:
             for number in numbers:
                 text = f"torch.clamp({text}, {'min' if is_max else 'max'}={self._print(number, 0)})"
             return text
-        text = tensors[0]
-        for other in tensors[1:] + [self._print(n, 0) for n in numbers]:
+        operands = self._operands([a for a in e.args if not a.is_number] + numbers)
+        text = operands[0]
+        for other in operands[1:]:
             text = f"tl.{'maximum' if is_max else 'minimum'}({text}, {other})"
         return text
+
+    def _operands(self, args) -> list[str]:
+        """The arguments of a Triton function that takes a Python number as float32 (``tl.fma``, ``tl.minimum``,
+        ``tl.maximum`` before Triton 3.9: 0.9 becomes 0.8999999761581421 in a float64 kernel), each number
+        as a constant of the dtype of the first symbol the others read."""
+        like = min((s for a in args for s in a.free_symbols), key=lambda s: s.name)
+        dtype = f"{self._print(like, ATOM)}.dtype"
+        return [f"tl.full((), {self._print(a, 0)}, {dtype})" if a.is_number else self._print(a, 0) for a in args]
 
     def _sqrt(self, base) -> str:
         module = "torch" if self.dialect is TORCH else "tl"
