@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -56,13 +57,13 @@ TRITON = Dialect(
                Sigmoid: "tl.sigmoid({0})", Reciprocal: "_reciprocal({0})", sympy.atan: "_atan({0})", sympy.erf: "tl.erf({0})",
                sympy.cosh: "(0.5 * (tl.exp({0}) + tl.exp(-({0}))))", sympy.sinh: "(0.5 * (_expm1({0}) - _expm1(-({0}))))",
                sympy.tan: "(tl.sin({0}) / tl.cos({0}))", expm1: "_expm1({0})", log1p: "_log1p({0})",
-               sympy.floor: "tl.floor({0})", SpikeAtLeast: "_heaviside_ge({0}, {1})"},
+               sympy.floor: "tl.floor({0})"},
     where="tl.where({0}, {1}, {2})",
     spike="_heaviside({0})",
     detach="{0}",
     scalar_where=_triton_scalar_where,
     helpers={sympy.exp: "_exp", Reciprocal: "_reciprocal", sympy.atan: "_atan", expm1: "_expm1", log1p: "_log1p",
-             sympy.sinh: "_expm1", SpikeAtLeast: "_heaviside_ge"},
+             sympy.sinh: "_expm1"},
 )
 
 # Triton helpers for single PTX instructions: float32 in compiled kernels only (the interpreter has no
@@ -240,7 +241,9 @@ class Printer:
             return self._piecewise(e)
         if isinstance(e, sympy.Rel):
             op = _CMP[type(e)]
-            return self._wrap(f"{self._print(e.lhs, CMP + 1)} {op} {self._print(e.rhs, CMP + 1)}", CMP, outer)
+            lhs, rhs = self._operands([e.lhs, e.rhs], CMP + 1) if self.dialect is TRITON else \
+                (self._print(e.lhs, CMP + 1), self._print(e.rhs, CMP + 1))
+            return self._wrap(f"{lhs} {op} {rhs}", CMP, outer)
         if isinstance(e, (sympy.And, sympy.Or)):
             if self.dialect is TRITON:  # as int8: the interpreter cannot combine a scalar (parameter) bool
                 joiner = " & " if isinstance(e, sympy.And) else " | "
@@ -262,6 +265,9 @@ class Printer:
             return self._extremum(e)
         if isinstance(e, FusedMultiplyAdd) and self.dialect is TRITON:
             return f"tl.fma({', '.join(self._operands(e.args))})"
+        if isinstance(e, SpikeAtLeast) and self.dialect is TRITON:
+            self.helpers.add("_heaviside_ge")
+            return f"_heaviside_ge({', '.join(self._operands(e.args))})"
         if isinstance(e, sympy.Heaviside):
             x = e.args[0]
             h0 = e.args[1] if len(e.args) > 1 else sympy.Rational(1, 2)
@@ -367,13 +373,15 @@ class Printer:
             text = f"tl.{'maximum' if is_max else 'minimum'}({text}, {other})"
         return text
 
-    def _operands(self, args) -> list[str]:
-        """The arguments of a Triton function that takes a Python number as float32 (``tl.fma``, ``tl.minimum``,
-        ``tl.maximum`` before Triton 3.9: 0.9 becomes 0.8999999761581421 in a float64 kernel), each number
-        as a constant of the dtype of the first symbol the others read."""
-        like = min((s for a in args for s in a.free_symbols), key=lambda s: s.name)
-        dtype = f"{self._print(like, ATOM)}.dtype"
-        return [f"tl.full((), {self._print(a, 0)}, {dtype})" if a.is_number else self._print(a, 0) for a in args]
+    def _operands(self, args, outer: int = 0) -> list[str]:
+        """Arguments of a Triton operation that takes a Python number at float32 before Triton 3.9 (comparisons,
+        ``tl.fma``, ``tl.minimum``, ``tl.maximum``, and so the helpers that compare: in a float64 kernel 0.9
+        became 0.8999999761581421): a number that float32 changes is printed as a constant of the dtype of the
+        first symbol the arguments read."""
+        like = min((s for a in args for s in a.free_symbols), key=lambda s: s.name, default=None)
+        return [f"tl.full((), {self._print(a, 0)}, {self._print(like, ATOM)}.dtype)"
+                if like is not None and a.is_number and not _float32_exact(float(sympy.N(a, 17)))
+                else self._print(a, outer) for a in args]
 
     def _sqrt(self, base) -> str:
         module = "torch" if self.dialect is TORCH else "tl"
@@ -401,6 +409,17 @@ class Printer:
             text = self._select(cond, expr, result_expr, result_text=result_text)
             result_text, result_expr = text, None
         return result_text if result_text is not None else self._print(result_expr, 0)
+
+
+def _float32_exact(value: float) -> bool:
+    """Whether float32 holds ``value`` as it is, as a normal number or zero (what Triton 3.6 takes a Python
+    number as: a float32 constant in that range, else float64)."""
+    if value == 0 or math.isinf(value) or math.isnan(value):
+        return True
+    return 2.0 ** -126 <= abs(value) <= _FLOAT32_MAX and struct.unpack("<f", struct.pack("<f", value))[0] == value
+
+
+_FLOAT32_MAX = (2 - 2 ** -23) * 2 ** 127
 
 
 def _is_literal(text: str) -> bool:
