@@ -2,10 +2,10 @@
 sm_90 by Triton's own compiler (as ``isa_count.py`` does), in float64 and in float32, their PTX read.
 
 A float64 kernel fails where its PTX holds
-- floating-point arithmetic in float32 (any ``.f32`` instruction but a comparison: libdevice's float64
-  functions compare the high word of a double as a float32 to pick a range, ``abs.f32`` and ``setp.f32``
-  on it, which computes no value);
-- a conversion from or to float32 (``cvt`` with an ``f32`` side);
+- floating-point arithmetic or a conversion in float32 (any instruction with an ``f32`` type) that computes
+  a value of the kernel; libdevice's float64 functions compare the high word of a double as a float32 to
+  pick a range, and its erf finds a range reduction's integer k in float32 and scales by 2 ** k, which is
+  exact: those are told apart by where their results go (``_float32_uses``);
 - a constant that is a literal of the generated source rounded to float32 (0.9 as 0.8999999761581421: what
   Triton 3.6 made of a Python number passed to ``tl.fma``, ``tl.minimum`` or ``tl.maximum``).
 A float32 kernel fails where its PTX holds any ``.f64`` instruction (a slow path: float64 runs at a
@@ -26,6 +26,7 @@ import re
 import struct
 import sys
 from pathlib import Path
+from typing import Callable
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU target, before flexsn_dsl or triton is imported
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # what an unset knob means in Triton 3.9, without its warning
@@ -47,7 +48,7 @@ DTYPES = {"float64": (tl.float64, "*fp64"), "float32": (tl.float32, "*fp32")}
 NO_VALUE = ("setp.", "abs.")  # float32 instructions that compute no value a float64 kernel uses (see above)
 INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+([^;]*);")
 LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+\d+")
-FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"')
+FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"', re.M)
 LITERAL = re.compile(r"(?<![\w.])(\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+)")
 
 
@@ -76,37 +77,101 @@ def _sources(ptx: str) -> dict[str, tuple[str, list[str]]]:
     return found
 
 
+def _readers(instructions: list[tuple[str, str, list[str]]]) -> dict[str, list[int]]:
+    """The instructions that read each register."""
+    readers: dict[str, list[int]] = {}
+    for i, (_, _, registers) in enumerate(instructions):
+        for register in registers[1:]:
+            readers.setdefault(register, []).append(i)
+    return readers
+
+
+def _harmless(instructions: list[tuple[str, str, list[str]]], other: str, exact: set[str],
+              ends: Callable[[str, list[str]], bool]) -> set[int]:
+    """The instructions with an ``other`` type that compute no value of the kernel: a comparison, a
+    conversion that ``ends`` (an exact one), or an instruction whose every use is such (recursively);
+    ``exact`` holds the registers whose values are exact in either type."""
+    readers, memo = _readers(instructions), {}
+
+    def harmless(i: int) -> bool:
+        if i not in memo:
+            memo[i] = False  # (a loop back to itself computes a value)
+            op, _, registers = instructions[i]
+            if op.startswith(NO_VALUE) or ends(op, registers):
+                memo[i] = True
+            elif registers and registers[0] in exact or op.startswith("cvt.rni."):
+                uses = readers.get(registers[0], [])
+                memo[i] = bool(uses) and all(harmless(j) for j in uses)
+            else:
+                uses = readers.get(registers[0], []) if registers else []
+                memo[i] = bool(uses) and all(harmless(j) and not instructions[j][0].startswith(("st.", "cvt.f"))
+                                             or instructions[j][0].startswith("cvt.rni.") for j in uses)
+        return memo[i]
+
+    return {i for i, (op, _, _) in enumerate(instructions) if other in op.split(".") and harmless(i)}
+
+
+def _exact_float32(instructions) -> set[str]:
+    """Float32 registers holding integers (``cvt.rni``) or powers of two of them (``ex2``)."""
+    exact: set[str] = set()
+    for op, _, registers in instructions:
+        if op.startswith("cvt.rni.") or (op.startswith("ex2.") and registers[1:2] and registers[1] in exact):
+            exact.add(registers[0])
+    return exact
+
+
+def _integral_float64(instructions) -> set[str]:
+    """Float64 registers whose values come from integers and constants alone (libdevice's float32 sin and cos
+    reduce a huge argument with its mantissa's bits as an integer times pi / 2 ** 64 in float64)."""
+    found: set[str] = set()
+    for op, _, registers in instructions:
+        if "f64" in op.split(".") and registers and (
+                re.match(r"cvt\.\w+\.f64\.[su](32|64)", op) or all(r in found for r in registers[1:])):
+            found.add(registers[0])
+    return found
+
+
 def problems(ptx: str, dtype: str, literals: dict[str, str]) -> list[str]:
     """What in ``ptx`` (a kernel compiled with ``dtype`` tensors) computes in the other dtype, one line each:
     the generated source line it comes from and the instruction."""
-    sources, where, found = _sources(ptx), "", []
+    sources, where = _sources(ptx), ""
+    instructions, places = [], []
     for line in ptx.splitlines():
         if loc := LOC.match(line):
             name, text = sources.get(loc.group(1), ("?", []))
             number = int(loc.group(2))
             where = f"{name}:{number}" + (f" `{text[number - 1].strip()}`" if 0 < number <= len(text) else "")
-            continue
-        match = INSTRUCTION.match(line)
-        if not match:
-            continue
-        op, operands = match.groups()
+        elif match := INSTRUCTION.match(line):
+            op, operands = match.groups()
+            instructions.append((op, operands, re.findall(r"%[a-z]+\d+", operands)))
+            places.append(f"{where}: {line.strip()}")
+    if dtype == "float64":  # a float32 value widened only where exact
+        exact = _exact_float32(instructions)
+        harmless = _harmless(instructions, "f32", exact,
+                             lambda op, r: op.startswith("cvt.f64.f32") and r[1] in exact)
+    else:  # a float64 value narrowed where it comes from integers alone
+        integral = _integral_float64(instructions)
+        harmless = _harmless(instructions, "f64", integral,
+                             lambda op, r: op.startswith("cvt.rn.f32.f64") and r[1] in integral)
+    found = []
+    for i, (op, operands, _) in enumerate(instructions):
         parts = op.split(".")
         if dtype == "float64":
-            wrong = ("f32" in parts and not op.startswith(NO_VALUE)) or (parts[0] == "cvt" and "f32" in parts)
             constants = [literals[c] for c in re.findall(r"0d[0-9A-F]{16}", operands) if c in literals]
             if constants:
-                found.append(f"{where}: {line.strip()}  (the literal {constants[0]} rounded to float32)")
-                continue
-        else:
-            wrong = "f64" in parts
-        if wrong:
-            found.append(f"{where}: {line.strip()}")
+                found.append(f"{places[i]}  (the literal {constants[0]} rounded to float32)")
+            elif "f32" in parts and i not in harmless:
+                found.append(places[i])
+        elif "f64" in parts and i not in harmless:
+            found.append(places[i])
     return found
 
 
 def kernels(module) -> list:
-    """The multi-step kernels of a generated module (not the cores they call), by name."""
-    return [fn for name, fn in sorted(vars(module).items()) if name.endswith("_kernel") and hasattr(fn, "arg_names")]
+    """The multi-step kernels of a generated module (not the cores they call), by name; not the final-state
+    variants, which are their kernel's steps with one more store."""
+    return [fn for name, fn in sorted(vars(module).items())
+            if name.endswith("_kernel") and not name.endswith("_final_state_kernel") and hasattr(fn, "arg_names")]
 
 
 def check(spec: Path, dtype: str) -> list[str]:

@@ -41,7 +41,7 @@ from flexsn_dsl.names import kernel_name  # noqa: E402
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 FLAGS = {"_CONST_INIT": True, "_HAS_STATE_GRADS": False, "_HAS_FINAL_GRADS": False, "_WRITE_INIT_GRADS": False,
          "_CARRY_SUMS": False}
-INTEGERS = ("_T", "_N", "_L", "_C", "_P")  # and names ending in these (shaped parameters' sizes):
+INTEGERS = ("_T", "_N", "_L", "_C", "_P", "_B")  # and names ending in these (shaped parameters' sizes):
 SIZES = ("__inner", "__size", "__split")
 
 

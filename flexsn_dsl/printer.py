@@ -101,8 +101,8 @@ _FUNCTION_HELPERS = {
     "_heaviside_ge": '''@triton.jit
 def _heaviside_ge(a, b):
     """spike(a - b) forward as one comparison: 1 where a >= b (where a - b >= 0, for finite a and b), else 0,
-    in a's dtype."""
-    return tl.where(a >= b, 1.0, 0.0).to(a.dtype)
+    in a's dtype (the comparison converted: no float32 select in a float64 kernel)."""
+    return (a >= b).to(a.dtype)
 ''',
     "_atan": '''@triton.jit
 def _atan(x):
@@ -112,7 +112,7 @@ def _atan(x):
     a = tl.abs(x)
     big = a > 1.0
     a = tl.where(big, 1.0 / tl.where(big, a, 1.0), a)
-    far = a > 0.2679491924311227
+    far = a > tl.full((), 0.2679491924311227, a.dtype)  # (tan(pi/12): a comparison took a Python number as float32)
     a = tl.where(far, (1.7320508075688772 * a - 1.0) / (1.7320508075688772 + a), a)
     z = a * a
     p = -1.0 / 27.0
@@ -377,8 +377,8 @@ class Printer:
         """Arguments of a Triton operation that takes a Python number at float32 before Triton 3.9 (comparisons,
         ``tl.fma``, ``tl.minimum``, ``tl.maximum``, and so the helpers that compare: in a float64 kernel 0.9
         became 0.8999999761581421): a number that float32 changes is printed as a constant of the dtype of the
-        first symbol the arguments read."""
-        like = min((s for a in args for s in a.free_symbols), key=lambda s: s.name, default=None)
+        first symbol the first argument with symbols reads."""
+        like = next((min(a.free_symbols, key=lambda s: s.name) for a in args if a.free_symbols), None)
         return [f"tl.full((), {self._print(a, 0)}, {self._print(like, ATOM)}.dtype)"
                 if like is not None and a.is_number and not _float32_exact(float(sympy.N(a, 17)))
                 else self._print(a, outer) for a in args]

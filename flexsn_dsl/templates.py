@@ -76,8 +76,9 @@ from .printer import float_literal
 
 HEAVISIDE = '''@triton.jit
 def _heaviside(u):
-    """spike() forward: 1 where u >= 0, else 0, in u's dtype."""
-    return tl.where(u >= 0.0, 1.0, 0.0).to(u.dtype)
+    """spike() forward: 1 where u >= 0, else 0, in u's dtype (the comparison converted: no float32 select in a
+    float64 kernel)."""
+    return (u >= 0.0).to(u.dtype)
 '''
 SEGMENTED_ADD = '''@triton.jit
 def _segmented_add(a, a_segment, b, b_segment):
