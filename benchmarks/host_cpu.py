@@ -26,8 +26,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 import flexsn_dsl  # noqa: E402
-from flexsn_dsl import triton_runtime  # noqa: E402
 from flexsn_dsl.bench import _runner, minimal_runner  # noqa: E402
+from flexsn_dsl.triton_plan import _kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # the compiled chain's elementwise kernels: no OpenMP threads on a shared machine
     m = flexsn_dsl.load(args.spec, backend="triton")
-    kernels = triton_runtime._kernels(m._compiled, "cpu")  # shared by every module of this spec
+    kernels = _kernels(m._compiled, "cpu")  # shared by every module of this spec
     kernels.module = _Stubbed(kernels.module)  # before any launch plan is built
     x = torch.rand(args.T, args.n, requires_grad=True)
     xs = [x] * len(m.spec.inputs)

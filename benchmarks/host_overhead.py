@@ -15,8 +15,10 @@ import gc
 import torch
 
 import flexsn_dsl
-from flexsn_dsl import triton_runtime as tr
+from flexsn_dsl.triton_autograd import _backward
 from flexsn_dsl.bench import _runner, host_ms, minimal_runner
+from flexsn_dsl.triton_plan import _kernels
+from flexsn_dsl.triton_settings import launch_settings
 
 
 def host_us(fn) -> float:
@@ -43,11 +45,11 @@ m = flexsn_dsl.load(args.spec, backend="triton").cuda()
 T, n = args.T, args.n
 x = torch.rand(T, n, device="cuda", requires_grad=True)
 g = torch.randn_like(x)
-k = tr._kernels(m._compiled, "cuda")
+k = _kernels(m._compiled, "cuda")
 info = k.info
 assert info.num_inputs == 1 and info.num_outputs == 1 and not info.param_names, "a LIF-like spec"
 xd = x.detach()
-plan = k.plan(x.shape, x.dtype, tr.launch_settings())
+plan = k.plan(x.shape, x.dtype, launch_settings())
 outs = [torch.empty_like(x) for _ in info.output_names]
 saved = [torch.empty_like(x) for _ in info.saved_names]
 finals = [torch.empty(n, device="cuda") for _ in info.state_names]
@@ -105,7 +107,7 @@ m.reset()
 y = m(x)
 rows = {
     "autograd.grad of a kept module graph": lambda: torch.autograd.grad(y, [x], g, retain_graph=True),
-    "_backward called directly": lambda: tr._backward(plan, False, [g, None], saved, [xd], outs, None, [], [], False),
+    "_backward called directly": lambda: _backward(plan, False, [g, None], saved, [xd], outs, None, [], [], False),
     "training call, graph kept (retain_graph)": training_kept,
     "training call with .backward()": training_backward_call,
 }

@@ -40,7 +40,7 @@ from torch import nn
 
 import flexsn_dsl
 from flexsn_dsl.bench import _timer
-from flexsn_dsl.triton_runtime import launch_settings
+from flexsn_dsl.triton_settings import launch_settings
 from torch_cpu import SigmoidSpike  # rlif.yaml's surrogate (benchmarks/ is on sys.path when run)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 """Registers and spills of the kernels the built-in launch choices compile, without a GPU: each spec's
 kernels compiled for an H200 (sm_90a, 132 SMs) by Triton with the keywords of each launch of a training
-and an inference call's plan (``triton_runtime.Plan``: block, warps, time tile, flags) for each shape,
+and an inference call's plan (``triton_plan.Plan``: block, warps, time tile, flags) for each shape,
 their resource usage read by ``cuobjdump``. A kernel that spills keeps part of a time tile in local
 memory (a stack frame) instead of registers: slower than its tile promises. Needs a Triton with its
 CUDA backend (the pip wheel bundles ``cuobjdump`` and ``nvdisasm``); no driver. Exits 1 when a kernel's
@@ -21,8 +21,9 @@ os.environ["TRITON_INTERPRET"] = "0"  # (compile for the GPU, not the interprete
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from flexsn_dsl import triton_runtime  # noqa: E402
+from flexsn_dsl import triton_plan  # noqa: E402
 from flexsn_dsl.compiler import compile_spec  # noqa: E402
+from flexsn_dsl.triton_settings import COMPILE_OPTIONS, launch_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from isa_count import compile_for_sm, loop_instructions, resource_usage  # noqa: E402
@@ -37,15 +38,15 @@ def registers(kernel, keywords: dict, pointer: str) -> tuple[int, int, int]:
     """(registers, stack bytes a thread: spilled values, local loads and stores in one pass of the time loop)
     of ``kernel`` compiled for sm_90a with a launch's ``keywords`` (its constexprs and warps), its sequences
     of ``pointer`` type."""
-    given = {k: v for k, v in keywords.items() if k not in ("num_warps", *triton_runtime.COMPILE_OPTIONS)}
+    given = {k: v for k, v in keywords.items() if k not in ("num_warps", *COMPILE_OPTIONS)}
     compiled = compile_for_sm(kernel, given, keywords.get("num_warps", 4), pointer=pointer, aligned=False,
-                              options=triton_runtime.COMPILE_OPTIONS)
+                              options=COMPILE_OPTIONS)
     regs, stack = resource_usage(compiled.asm["cubin"])
     local = sum(op.startswith(("LDL", "STL")) for _, op, _ in loop_instructions(compiled.asm["cubin"])) if stack else 0
     return regs, stack, local
 
 
-def launches(plan: triton_runtime.Plan) -> list[tuple[str, object, dict]]:
+def launches(plan: triton_plan.Plan) -> list[tuple[str, object, dict]]:
     """The kernels a training call and an inference call of ``plan`` launch, each with its keywords (state
     sequences stored, constant initial states, a final-state gradient; not the tiled backward of learnable
     shaped parameters, whose launch works out its own)."""
@@ -63,12 +64,12 @@ def launches(plan: triton_runtime.Plan) -> list[tuple[str, object, dict]]:
 
 def check(spec: Path, shapes: list[tuple[int, int]], dtype: torch.dtype) -> int:
     """Print each kernel's registers and spills at each shape's launch plan; the number that spill."""
-    triton_runtime._sm_count = lambda: SMS  # (the GPU's choice, worked out here)
-    kernels = triton_runtime.Kernels(compile_spec(spec), torch.device("cuda"))
+    triton_plan._sm_count = lambda: SMS  # (the GPU's choice, worked out here)
+    kernels = triton_plan.Kernels(compile_spec(spec), torch.device("cuda"))
     pointer = "*fp64" if dtype == torch.float64 else "*fp32"
     spilled, seen = 0, {}
     for n, T in shapes:
-        plan = kernels.plan(torch.Size([T, n]), dtype, triton_runtime.launch_settings())
+        plan = kernels.plan(torch.Size([T, n]), dtype, launch_settings())
         for variant, kernel, keywords in launches(plan):
             key = (variant, repr(sorted(keywords.items())))
             if key not in seen:

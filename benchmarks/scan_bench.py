@@ -6,7 +6,7 @@ sequential kernels' (float64 and float32: outputs, input and parameter gradients
 largest value), then both are timed per training and inference call, CUDA-graph medians
 (``flexsn_dsl.bench.graph_replay_ms``), and the scan kernels again with each ``--tiles`` setting of
 (neurons per program, steps per tile, warps) instead of the built-in choice
-(``triton_runtime.Kernels.scan_config``) and each ``--chunks`` setting (``FLEXSN_DSL_SCAN_CHUNK``), to
+(``triton_plan.Kernels.scan_config``) and each ``--chunks`` setting (``FLEXSN_DSL_SCAN_CHUNK``), to
 tune them; ``--profile`` prints each kernel's time in a training call of the built-in choices.
 
     python benchmarks/scan_bench.py                            # neurons/li.yaml, N=1024, T=4096
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import flexsn_dsl
-from flexsn_dsl import triton_runtime
+from flexsn_dsl import triton_plan
 from flexsn_dsl.bench import _timer, graph_replay_ms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _module(spec: str, parallel: bool, dtype: torch.dtype, device: torch.device) -> flexsn_dsl.FlexSN:
     os.environ["FLEXSN_DSL_TIME_PARALLEL"] = "1" if parallel else "0"
-    triton_runtime._kernels.cache_clear()  # fresh launch plans: the setting and the tiles of this run
+    triton_plan._kernels.cache_clear()  # fresh launch plans: the setting and the tiles of this run
     return flexsn_dsl.load(spec, backend="triton").to(device=device, dtype=dtype)
 
 

@@ -81,12 +81,13 @@ def _check(shaped, scalar, x, param: str) -> float:
 def _partial_bytes(module, param: str, x: torch.Tensor) -> int:
     """Bytes of the partial sums that the Triton backward allocates for ``param``'s gradient on input ``x``
     (float32: the compute dtype of float32 inputs)."""
-    from flexsn_dsl import triton_runtime as tr
+    from flexsn_dsl.triton_autograd import shaped_period, shaped_view
+    from flexsn_dsl.triton_plan import _kernels
     step = x.shape[1:]
-    layout = [v for name in module.spec.shaped for v in tr.shaped_view(getattr(module, name), step)[1:]]
-    inner = tr.shaped_view(getattr(module, param), step)[1]
-    kernels = tr._kernels(module._compiled, x.device.type)
-    return math.prod(kernels.tiling(math.prod(step), tr.shaped_period(layout)).partial_shape(inner)) * 4
+    layout = [v for name in module.spec.shaped for v in shaped_view(getattr(module, name), step)[1:]]
+    inner = shaped_view(getattr(module, param), step)[1]
+    kernels = _kernels(module._compiled, x.device.type)
+    return math.prod(kernels.tiling(math.prod(step), shaped_period(layout)).partial_shape(inner)) * 4
 
 
 def _graph_ms(label: str, run) -> float | None:

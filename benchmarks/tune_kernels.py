@@ -79,7 +79,8 @@ for T, N, dtype in cases:
         print(row, flush=True)
         best_rows.append(row)
     # the heuristic the runtime uses today
-    from flexsn_dsl.triton_runtime import Kernels, launch_settings
+    from flexsn_dsl.triton_plan import Kernels
+    from flexsn_dsl.triton_settings import launch_settings
     kernels = Kernels(m._compiled, torch.device("cuda"))
     cfg, cfg_b = (kernels.config(N, T, launch_settings(), d) for d in ("forward", "backward"))
     grid = (triton.cdiv(N, cfg["_BLOCK"]),)

@@ -271,12 +271,13 @@ def minimal_runner(module, xs, mode: str, forward_in: Callable | None = None) ->
     ``mode`` "function": the Function's ``apply`` itself (inputs to outputs, no final states), for a network."""
     import torch
 
-    from . import triton_runtime as tr
+    from .triton_plan import _kernels
+    from .triton_settings import launch_settings
     info = module.info
     if info.param_names or info.shaped_names or not info.initial_values or info.draws:
         return None
     x = xs[0]
-    plan = tr._kernels(module._compiled, x.device.type).plan(x.shape, x.dtype, tr.launch_settings())
+    plan = _kernels(module._compiled, x.device.type).plan(x.shape, x.dtype, launch_settings())
     T, n, step, kw = plan.T, plan.n, plan.step, plan.const_init
     n_out, n_saved, n_st = info.num_outputs, len(info.saved_names), info.num_states
     # (launched as Triton's documentation shows, ``kernel[grid](...)``: what a hand-written wrapper does)
@@ -532,7 +533,7 @@ def run_bench(args) -> list[Result]:
 
 def launch_environment() -> dict[str, str]:
     """The launch settings set in the environment (``FLEXSN_DSL_TIME_TILE`` and the others), as a run records them."""
-    from .triton_runtime import SETTINGS
+    from .triton_settings import SETTINGS
     return {name: os.environ[name] for name in SETTINGS if os.environ.get(name)}
 
 
@@ -633,7 +634,7 @@ def check_arguments(args) -> list:
 def main(args) -> int:
     import torch
 
-    from .triton_runtime import triton  # (Triton imported after the interpreter's switch, where there is no GPU)
+    from .triton_settings import triton  # (Triton imported after the interpreter's switch, where there is no GPU)
     existing = check_arguments(args)
     results = run_bench(args)
     if args.json:

@@ -19,9 +19,9 @@ import torch
 from .compiler import Compiled
 from .errors import SpecError
 from .names import kernel_name
-from .triton_runtime import (_REGISTRY, COMPILE_OPTIONS, Kernels, _compute_dtype, _kernels_for, _param_args,
-                             _seed_arg, _stack, _torch_compute_dtype, interpreting, kernel_params, launch_settings,
-                             new_seed, on_device)
+from .triton_autograd import _param_args, _seed_arg, _stack, kernel_params, new_seed, on_device
+from .triton_plan import _REGISTRY, Kernels, _kernels_for
+from .triton_settings import COMPILE_OPTIONS, _compute_dtype, _torch_compute_dtype, interpreting, launch_settings
 
 BLOCK_B = 16      # rows of the batch per program (tl.dot needs at least 16)
 MAX_N = 512       # features one program holds
@@ -47,7 +47,7 @@ def unsupported(compiled: Compiled, n: int | None = None) -> str | None:
 def _dot_dtype(dtype: torch.dtype):
     """The operands' type of the step's matrix product: 16-bit storage multiplies in 16 bits on the
     GPU (accumulating in float32) and in float32 in Triton's interpreter (whose 16-bit tl.dot is wrong)."""
-    import triton.language as tl  # (after .triton_runtime, which turns the interpreter on where there is no GPU)
+    import triton.language as tl  # (after .triton_settings, which turns the interpreter on where there is no GPU)
     if dtype in (torch.float64, torch.float32) or interpreting():
         return _compute_dtype(dtype)
     return tl.float16 if dtype == torch.float16 else tl.bfloat16
@@ -84,7 +84,7 @@ def _padded(n: int) -> int:
 def _forward(kernels: Kernels, xs, inits, prev, weight, params, shaped, layout, seed) -> list[torch.Tensor]:
     """Outputs (shaped like the inputs), then flat [T, B, N] saved values and the recurrent input,
     final states and the final value fed back. Empty ``inits``: the spec's constant initial states.
-    ``seed``: :func:`~flexsn_dsl.triton_runtime.new_seed`'s for a spec with draws, else None."""
+    ``seed``: :func:`~flexsn_dsl.triton_autograd.new_seed`'s for a spec with draws, else None."""
     info = kernels.info
     x = xs[0]
     T, N, shape = x.shape[0], x.shape[-1], x.shape
@@ -176,7 +176,7 @@ def recurrent_forward(key: str, xs: list[torch.Tensor], inits: list[torch.Tensor
                       weight: torch.Tensor, params: list[torch.Tensor], shaped: list[torch.Tensor],
                       layout: list[int], seed: torch.Tensor | None) -> list[torch.Tensor]:
     """See :func:`_forward`; ``params`` holds each learnable scalar parameter as a 0-dim tensor,
-    ``shaped`` and ``layout`` the shaped parameters (:func:`flexsn_dsl.triton_runtime.kernel_params`)."""
+    ``shaped`` and ``layout`` the shaped parameters (:func:`flexsn_dsl.triton_autograd.kernel_params`)."""
     with on_device(xs[0]):
         return _forward(_kernels_for(key, xs[0]), xs, inits, prev, weight, params, shaped, layout, seed)
 

@@ -7,10 +7,14 @@ import pytest
 import torch
 
 import flexsn_dsl
+from flexsn_dsl import triton_launch
 from flexsn_dsl import triton_runtime as tr
+from flexsn_dsl.triton_launch import DirectLaunch, _hooked
+from flexsn_dsl.triton_plan import _kernels
+from flexsn_dsl.triton_settings import interpreting, launch_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU = torch.cuda.is_available() and not tr.interpreting()
+GPU = torch.cuda.is_available() and not interpreting()
 gpu_only = pytest.mark.skipif(not GPU, reason="needs a GPU (the interpreter has no compiled kernels)")
 
 
@@ -44,9 +48,9 @@ class _Kernel:
 
 def test_direct_launch_compiles_through_the_jit_once_per_specialization(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tr, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(triton_launch, "_current_stream", lambda device: 1234)
     kernel = _Kernel()
-    launch = tr.DirectLaunch(kernel, (3,))
+    launch = DirectLaunch(kernel, (3,))
     flags = {"_F": True, "_B": 64, "num_warps": 2}
     storage = torch.zeros(64)
     a, b = storage[:16], storage[16:32]  # 16-byte aligned (64 and 128 bytes in)
@@ -73,18 +77,18 @@ def test_direct_launch_leaves_profiler_hooks_to_triton(monkeypatch, kind):
     it) gets Triton's own launch, with its metadata."""
     import triton
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tr, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(triton_launch, "_current_stream", lambda device: 0)
     hook = lambda metadata: None  # noqa: E731
     if kind == "chain":
         if not hasattr(triton.knobs, "HookChain"):
             pytest.skip("this Triton's launch hooks are plain functions")
         chain = triton.knobs.HookChain()
-        assert not tr._hooked(chain)  # (an empty chain, as Triton 3.9 starts with, is no hook)
+        assert not _hooked(chain)  # (an empty chain, as Triton 3.9 starts with, is no hook)
         chain.add(hook)
         hook = chain
     monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", hook)
     kernel = _Kernel()
-    launch = tr.DirectLaunch(kernel, (1,))
+    launch = DirectLaunch(kernel, (1,))
     flags = {"_F": False, "_B": 16}
     x = torch.zeros(4)
     for _ in range(3):
@@ -111,8 +115,8 @@ def test_direct_launches_match_the_torch_backend(offset):
             results.append((y, g, module.states["v"]))
         for a, b in zip(*results):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    plan = tr._kernels(ours._compiled, "cuda").plan(torch.Size([4, 8, 100]), torch.float32, tr.launch_settings())
-    assert isinstance(plan.launchers["forward_final_state"], tr.DirectLaunch)
+    plan = _kernels(ours._compiled, "cuda").plan(torch.Size([4, 8, 100]), torch.float32, launch_settings())
+    assert isinstance(plan.launchers["forward_final_state"], DirectLaunch)
     assert len(plan.launchers["forward_final_state"].compiled) == (2 if offset else 1)
 
 
@@ -342,7 +346,7 @@ def test_kernels_fuse_multiply_adds_whatever_tritons_default(default, monkeypatc
     with torch.no_grad():
         m.reset()
         m(x)
-    plan = tr._kernels(m._compiled, "cuda").plan(x.shape, x.dtype, tr.launch_settings())
+    plan = _kernels(m._compiled, "cuda").plan(x.shape, x.dtype, launch_settings())
     ptx = {v: entry[0].asm["ptx"] for v, launcher in plan.launchers.items() for entry in launcher.compiled.values()}
     assert {"inference_final_state", "forward_final_state", "backward"} <= set(ptx)
     assert all("fma.rn.f32" in code for code in ptx.values()), [v for v, code in ptx.items() if "fma.rn" not in code]

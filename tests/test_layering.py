@@ -106,6 +106,8 @@ def test_the_package_has_no_import_cycles():
     assert {"bench", "console"} <= graph["cli"]
     assert {"compiler", "errors"} <= graph["runtime"]
     assert "runtime" in graph[INIT] and "compiler" in graph["triton_runtime"]
+    assert {"triton_settings", "triton_plan", "triton_autograd", "triton_operators"} <= graph["triton_runtime"]
+    assert "triton_launch" in graph["triton_plan"] and {"triton_plan", "triton_autograd"} <= graph["triton_recurrent"]
     assert {"nir.read", "nir.write", "nir.match", "nir.kinds"} <= graph["nir"] and "runtime" in graph["nir.read"]
     assert "nir.read" in graph["nir.write"] and "nir" in graph["cli"]
     assert {"model.build", "model.language", "model.neuron", "model.values"} <= graph["model"]
@@ -113,6 +115,21 @@ def test_the_package_has_no_import_cycles():
     assert "model.context" in graph["model.equations"] and "model" in graph["compiler"] and "model" in graph["nir.kinds"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# the Triton backend's modules in the order a call goes through them: each imports only modules before it
+TRITON_LAYERS = ("triton_settings", "triton_launch", "triton_plan", "triton_autograd", "triton_operators",
+                 "triton_runtime")
+
+
+def test_the_triton_modules_import_only_the_stages_before_them():
+    """Settings, launch, plan, eager passes, operators for torch.compile, entry: each module imports only those
+    before it; the recurrent kernels' module (beside the operators) imports neither the operators nor the entry."""
+    graph = import_graph(PACKAGE)
+    for k, module in enumerate(TRITON_LAYERS):
+        later = set(TRITON_LAYERS[k + 1:]) | {"triton_recurrent"}
+        assert not graph[module] & later, f"{module} imports {sorted(graph[module] & later)}"
+    assert not graph["triton_recurrent"] & {"triton_operators", "triton_runtime"}
 
 
 def test_the_cycle_finder_finds_cycles_of_every_kind(tmp_path):

@@ -30,7 +30,7 @@ BAD_SETTINGS = [("FLEXSN_DSL_STAGES", "abc"), ("FLEXSN_DSL_STAGES", "-1"), ("FLE
 
 @pytest.mark.parametrize("name,value", BAD_SETTINGS)
 def test_a_bad_launch_setting_fails_the_triton_backend_only(name, value, monkeypatch):
-    from flexsn_dsl.triton_runtime import launch_settings
+    from flexsn_dsl.triton_settings import launch_settings
     x = torch.rand(3, 5)
     expected = flexsn_dsl.load(LIF, backend="torch")(x)
     monkeypatch.setenv(name, value)
@@ -52,7 +52,7 @@ def test_a_bad_launch_setting_fails_the_triton_backend_only(name, value, monkeyp
     (" 3 ", "1", " tf32 ", " 1 ", (True, 3, "tf32", 0, 0, 0, True, 0)),
     ("16", "", "tf32x3", "", (False, 16, "tf32x3", 0, 0, 0, True, 0))])
 def test_good_launch_settings_are_read_at_launch(stages, autotune, precision, parallel, expected, monkeypatch):
-    from flexsn_dsl.triton_runtime import launch_settings
+    from flexsn_dsl.triton_settings import launch_settings
     monkeypatch.setenv("FLEXSN_DSL_STAGES", stages)
     monkeypatch.setenv("FLEXSN_DSL_AUTOTUNE", autotune)
     monkeypatch.setenv("FLEXSN_DSL_RECURRENT_PRECISION", precision)
@@ -65,7 +65,7 @@ def test_good_launch_settings_are_read_at_launch(stages, autotune, precision, pa
 def test_launch_settings_follow_os_environ_even_when_it_is_replaced(monkeypatch):
     """The settings are read from os.environ at each call: set, changed and deleted through it, and from a
     plain mapping put in its place."""
-    from flexsn_dsl.triton_runtime import launch_settings
+    from flexsn_dsl.triton_settings import launch_settings
     for name in ("FLEXSN_DSL_STAGES", "FLEXSN_DSL_AUTOTUNE", "FLEXSN_DSL_RECURRENT_PRECISION", "FLEXSN_DSL_BLOCK",
                  "FLEXSN_DSL_WARPS", "FLEXSN_DSL_TIME_TILE", "FLEXSN_DSL_TIME_PARALLEL", "FLEXSN_DSL_SCAN_CHUNK"):
         monkeypatch.delenv(name, raising=False)

@@ -249,18 +249,19 @@ def test_torch_compile_fullgraph_on_both_backends(fresh_dynamo):
 def test_partial_gradients_of_the_benchmark_shapes_are_no_larger_than_needed(monkeypatch):
     """On an H200 (132 SMs): a per-neuron tau's partial sums are its gradient (every row in one tile),
     and a per-channel parameter has one partial sum per program (as a scalar one has)."""
-    from flexsn_dsl import triton_runtime as tr
-    monkeypatch.setattr(tr, "_sm_count", lambda: 132)
-    kernels = object.__new__(tr.Kernels)
+    from flexsn_dsl import triton_plan
+    from flexsn_dsl.triton_autograd import _shaped_gradient, shaped_period, shaped_view
+    monkeypatch.setattr(triton_plan, "_sm_count", lambda: 132)
+    kernels = object.__new__(triton_plan.Kernels)
     kernels.interpret = False
-    tau, inner, size = tr.shaped_view(torch.ones(65536), (16, 65536))
-    tiling = kernels.tiling(16 * 65536, tr.shaped_period([inner, size]))
+    tau, inner, size = shaped_view(torch.ones(65536), (16, 65536))
+    tiling = kernels.tiling(16 * 65536, shaped_period([inner, size]))
     assert (tiling.tile_rows, tiling.tile_cols) == (16, 64) and tiling.partial_shape(inner) == (1, 65536, 1)
     partial = torch.arange(65536.0).reshape(tiling.partial_shape(inner))
-    assert tr._shaped_gradient(partial, size).data_ptr() == partial.data_ptr()  # no reduction, no copy
-    w, inner, size = tr.shaped_view(torch.ones(128, 1, 1), (32, 128, 32, 32))
+    assert _shaped_gradient(partial, size).data_ptr() == partial.data_ptr()  # no reduction, no copy
+    w, inner, size = shaped_view(torch.ones(128, 1, 1), (32, 128, 32, 32))
     n = 32 * 128 * 32 * 32
-    tiling = kernels.tiling(n, tr.shaped_period([inner, size]))
+    tiling = kernels.tiling(n, shaped_period([inner, size]))
     assert tiling.partial_shape(inner) == (1, 128, 32) and tiling.programs == 128 * 32 == kernels.blocks(n)
 
 

@@ -13,14 +13,14 @@ import sympy
 import torch
 
 import flexsn_dsl
-from flexsn_dsl import triton_runtime
+from flexsn_dsl import triton_plan, triton_settings
 from flexsn_dsl.cli import main
 from flexsn_dsl.compiler import compile_spec
 from flexsn_dsl.names import VARIANTS, kernel_name, scan_variant
 from flexsn_dsl.parallel import TIME_PARALLEL, Affine, analyse, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-TILE = 4 * triton_runtime.CPU_TILE  # steps: several of the interpreter's largest time tiles
+TILE = 4 * triton_settings.CPU_TILE  # steps: several of the interpreter's largest time tiles
 
 # a leaky integrator read out by a threshold: the spike does not enter the update
 LI = """
@@ -191,14 +191,14 @@ def _compare(text: str, monkeypatch, steps, shape=(3,), chunk: int = 7, **kwargs
     the arithmetic) equal to 1e-9 relative."""
     monkeypatch.delenv("FLEXSN_DSL_SCAN_CHUNK", raising=False)
     sequential = _run(text, False, monkeypatch, steps, shape, **kwargs)
-    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(triton_runtime.MAX_CHUNK))  # (one chunk, on a GPU too)
+    monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(triton_settings.MAX_CHUNK))  # (one chunk, on a GPU too)
     one = _run(text, True, monkeypatch, steps, shape, **kwargs)
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", str(chunk))
     chunked = _run(text, True, monkeypatch, steps, shape, **kwargs)
     assert one.keys() == chunked.keys() == sequential.keys()
     assert any(k.endswith(".grad") for k in one) == kwargs.get("grad", True)
     for key in sequential:
-        assert torch.equal(one[key], sequential[key]) if triton_runtime.interpreting() else \
+        assert torch.equal(one[key], sequential[key]) if triton_settings.interpreting() else \
             _relative(one[key], sequential[key]) < 1e-12, key
         assert _relative(chunked[key], sequential[key]) < 1e-9, key
 
@@ -270,8 +270,8 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     def kernels(text: str, setting: str, **sizes) -> dict[str, str]:
         monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", setting)
         compiled = compile_spec(text=text)
-        kernels = triton_runtime._kernels(compiled, torch.get_default_device().type)
-        plan = kernels.plan(torch.Size([4, 6]), torch.float64, triton_runtime.launch_settings())
+        kernels = triton_plan._kernels(compiled, torch.get_default_device().type)
+        plan = kernels.plan(torch.Size([4, 6]), torch.float64, triton_settings.launch_settings())
         names = {getattr(kernels.module, n): n for n in dir(kernels.module) if n.endswith("_kernel")}
         return {v: names[k] for v, k in plan.kernels.items()}
     scan = kernels(LI, "1")
@@ -279,8 +279,9 @@ def test_time_parallel_specs_launch_the_scan_kernels(monkeypatch):
     assert kernels(LI, "0") == {v: kernel_name("li", v) for v in scan}
     assert kernels((ROOT / "neurons" / "lif.yaml").read_text(), "1") == {v: kernel_name("lif", v) for v in scan}
     monkeypatch.setenv("FLEXSN_DSL_TIME_PARALLEL", "1")
-    tiled = triton_runtime._kernels(compile_spec(text=SHAPED), torch.get_default_device().type)  # a learnable shaped parameter: tiles
-    plan = tiled.plan(torch.Size([4, 2, 3]), torch.float64, triton_runtime.launch_settings())
+    # a learnable shaped parameter: tiles
+    tiled = triton_plan._kernels(compile_spec(text=SHAPED), torch.get_default_device().type)
+    plan = tiled.plan(torch.Size([4, 2, 3]), torch.float64, triton_settings.launch_settings())
     assert plan.tiled and plan.carries and tiled.scans == tuple(v for v in VARIANTS if v != "backward")
     assert not hasattr(tiled.module, kernel_name("channel_trace", scan_variant("backward")))
 
@@ -366,24 +367,24 @@ def test_chunks_fill_the_gpu_where_there_are_few_neurons(monkeypatch):
     and at least SCAN_STEPS steps, enough for SCAN_PROGRAMS programs an SM; one chunk, with the sequential
     kernels' meta-parameters, for a large layer and for short calls; a setting's chunk, but never more chunks
     than a grid's second axis takes."""
-    monkeypatch.setattr(triton_runtime, "_sm_count", lambda: 132)
-    kernels = triton_runtime.Kernels(compile_spec(text=LI), torch.get_default_device())  # (CUDA on a GPU)
+    monkeypatch.setattr(triton_plan, "_sm_count", lambda: 132)
+    kernels = triton_plan.Kernels(compile_spec(text=LI), torch.get_default_device())  # (CUDA on a GPU)
     kernels.interpret = False  # (the GPU's choice, worked out on any machine)
-    settings = triton_runtime.launch_settings()
+    settings = triton_settings.launch_settings()
     meta, chunk, backward = kernels.scan_config(1024, 4096, settings)
     programs = -(-1024 // meta["_BLOCK"]) * -(-4096 // chunk)
     assert meta["_BLOCK"] == 32 and meta["num_warps"] == 1 and chunk % meta["_TC"] == 0
-    assert programs >= 0.9 * triton_runtime.SCAN_PROGRAMS * 132 and chunk >= triton_runtime.SCAN_STEPS
+    assert programs >= 0.9 * triton_settings.SCAN_PROGRAMS * 132 and chunk >= triton_settings.SCAN_STEPS
     assert meta["_TC"] > 1 and chunk % backward == 0 and 1 < backward <= meta["_TC"]
     meta, chunk, _ = kernels.scan_config(1024, 100, settings)  # three chunks of at least SCAN_STEPS steps
     assert -(-100 // chunk) == 3 and chunk % meta["_TC"] == 0
-    for n, T in ((triton_runtime.LONG_NEURONS, 4096), (1024, 2 * triton_runtime.SCAN_STEPS - 1)):
+    for n, T in ((triton_settings.LONG_NEURONS, 4096), (1024, 2 * triton_settings.SCAN_STEPS - 1)):
         assert kernels.scan_config(n, T, settings) == (kernels.config(n, T, settings), T,
                                                        kernels.config(n, T, settings, "backward")["_TC"])
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "100")
-    assert kernels.scan_config(1024, 4096, triton_runtime.launch_settings())[1] == 100
+    assert kernels.scan_config(1024, 4096, triton_settings.launch_settings())[1] == 100
     monkeypatch.setenv("FLEXSN_DSL_SCAN_CHUNK", "1")  # more chunks than a grid's second axis takes (65,535)
-    assert kernels.scan_config(1024, 200_000, triton_runtime.launch_settings())[1] == 4
+    assert kernels.scan_config(1024, 200_000, triton_settings.launch_settings())[1] == 4
 
 
 def test_chunked_calls_compile(monkeypatch, fresh_dynamo):
@@ -440,8 +441,8 @@ def test_chunks_of_several_blocks_without_final_state_gradients(monkeypatch):
         outs = m(x, g)
         loss = sum((o * torch.rand(o.shape, generator=gen, dtype=torch.float64)).sum() for o in outs)
         results.append([*outs, *torch.autograd.grad(loss, [x, g, m.tau_syn_inv])])
-    plan = triton_runtime._kernels(m._compiled, torch.get_default_device().type).plan(
-        x.shape, x.dtype, triton_runtime.launch_settings()._replace(time_parallel=True))
+    plan = triton_plan._kernels(m._compiled, torch.get_default_device().type).plan(
+        x.shape, x.dtype, triton_settings.launch_settings()._replace(time_parallel=True))
     assert plan.grid == (3, 5)  # 3 blocks by 5 chunks
     for a, b in zip(*results):
         assert _relative(a.detach(), b.detach()) < 1e-9

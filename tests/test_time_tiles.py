@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import flexsn_dsl
-from flexsn_dsl import triton_runtime as tr
+from flexsn_dsl import triton_plan
 from flexsn_dsl.compiler import compile_spec
+from flexsn_dsl.triton_plan import Kernels, _kernels
+from flexsn_dsl.triton_settings import TILE, TILE_CODE, TILE_VALUES, LaunchSettings, interpreting, launch_settings
 
 NEURONS = Path(__file__).resolve().parents[1] / "neurons"
 DRAWING = ("escape_lif", "ou_lif")
@@ -60,7 +62,7 @@ def _calls(spec: str, backend: str, monkeypatch, tile: int = 0,
         ys = m(*xs)
         results += [*(ys if isinstance(ys, tuple) else (ys,)), *m.state_seqs.values()]
         if backend == "triton" and not recurrent:  # the setting reached the launch
-            plan = tr._kernels(m._compiled, xs[0].device.type).plan(xs[0].shape, xs[0].dtype, tr.launch_settings())
+            plan = _kernels(m._compiled, xs[0].device.type).plan(xs[0].shape, xs[0].dtype, launch_settings())
             assert plan.read_init["_TC"] == tile
     results += list(m.states.values())
     for r in results:
@@ -78,7 +80,7 @@ def test_time_tiles_give_the_bits_of_the_step_at_a_time_kernels(spec, monkeypatc
         for kind, got, expected in zip(("result", "gradient"), tiled, (results, grads)):
             assert len(got) == len(expected)
             for k, (a, b) in enumerate(zip(got, expected)):
-                if tr.interpreting():  # the same operations in the same order
+                if interpreting():  # the same operations in the same order
                     assert torch.equal(a, b), f"tile {tile}: {kind} {k} differs from the step-at-a-time kernels'"
                 else:  # compiled, the unrolled steps may contract a product and a sum differently (FMA): the
                     # H200 gave gradients of alif, izhikevich_ct and lif_hetero_ct that differ in their last bits
@@ -99,7 +101,7 @@ def test_the_largest_tiles_give_the_bits_of_the_step_at_a_time_kernels(spec, mon
     for tile in (32, 64):
         for got, expected in zip(_calls(spec, "triton", monkeypatch, tile, calls), (results, grads)):
             for a, b in zip(got, expected):
-                if tr.interpreting():
+                if interpreting():
                     assert torch.equal(a, b), f"tile {tile}"
                 else:
                     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -121,15 +123,15 @@ def test_the_time_loop_is_tiled_in_forward_and_backward_kernels_only():
         assert "_TC" not in by_name[f"rlif_{variant}_kernel"]
 
 
-UNSET = tr.LaunchSettings(autotune=False, stages=0, recurrent_precision="tf32x3", block=0, warps=0, time_tile=0)
+UNSET = LaunchSettings(autotune=False, stages=0, recurrent_precision="tf32x3", block=0, warps=0, time_tile=0)
 
 
-def _gpu_kernels(monkeypatch, spec: str = "lif") -> tr.Kernels:
+def _gpu_kernels(monkeypatch, spec: str = "lif") -> Kernels:
     """A spec's kernels as the runtime configures them for a GPU of 132 SMs (an H200)."""
-    device = "cpu" if tr.interpreting() else "cuda"  # (a GPU machine runs no interpreter)
-    kernels = copy.copy(tr._kernels(flexsn_dsl.load(NEURONS / f"{spec}.yaml", backend="triton")._compiled, device))
+    device = "cpu" if interpreting() else "cuda"  # (a GPU machine runs no interpreter)
+    kernels = copy.copy(_kernels(flexsn_dsl.load(NEURONS / f"{spec}.yaml", backend="triton")._compiled, device))
     kernels.interpret = False
-    monkeypatch.setattr(tr, "_sm_count", lambda: 132)
+    monkeypatch.setattr(triton_plan, "_sm_count", lambda: 132)
     return kernels
 
 
@@ -185,12 +187,12 @@ def test_the_built_in_tile_unrolls_a_bounded_amount_of_code(monkeypatch):
         code = max(len(inspect.getsource(getattr(gpu.module, f"{spec}_{d}_core").fn)) for d in ("forward", "backward"))
         assert (gpu.largest_tiles["forward"], gpu.largest_tiles["backward"]) == largest
         for tile in largest:
-            assert tile * code <= tr.TILE_CODE or tile == 1
+            assert tile * code <= TILE_CODE or tile == 1
         info = gpu.info
         reads = {"forward": info.num_inputs, "backward": info.num_outputs + len(set(info.c2k_return_mapping))}
         for direction, tile in zip(("forward", "backward"), largest):
-            assert 2 * reads[direction] * tile <= tr.TILE_VALUES
-            assert tile == tr.TILE or 2 * tile * code > tr.TILE_CODE or 4 * reads[direction] * tile > tr.TILE_VALUES
+            assert 2 * reads[direction] * tile <= TILE_VALUES
+            assert tile == TILE or 2 * tile * code > TILE_CODE or 4 * reads[direction] * tile > TILE_VALUES
             assert gpu.config(8192, 4096, UNSET, direction)["_TC"] == tile
 
 
@@ -216,8 +218,8 @@ def test_launch_settings_override_each_choice(monkeypatch):
     for n in (4 << 20, 8192):
         assert gpu.config(n, 1000, given) == {"_BLOCK": 128, "num_warps": 2, "_STAGES": 3, "_TC": 8}
     assert gpu.config(8192, 1000, UNSET._replace(time_tile=1))["_TC"] == 1  # no tiles
-    if tr.interpreting():  # the interpreter: small blocks and tiles of at most 4 steps, unless a setting says
-        cpu = tr._kernels(flexsn_dsl.load(NEURONS / "lif.yaml", backend="triton")._compiled, "cpu")
+    if interpreting():  # the interpreter: small blocks and tiles of at most 4 steps, unless a setting says
+        cpu = _kernels(flexsn_dsl.load(NEURONS / "lif.yaml", backend="triton")._compiled, "cpu")
         assert cpu.config(40, 1000, UNSET) == {"_BLOCK": 64, "_STAGES": 1, "_TC": 4}
         assert cpu.config(40, 1000, given) == {"_BLOCK": 128, "_STAGES": 1, "_TC": 8}
 

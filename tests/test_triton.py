@@ -148,7 +148,7 @@ def test_torch_compile_fullgraph_triton_backend(spec):
 def test_torch_compile_without_gradients_runs_the_inference_kernels(monkeypatch, fresh_dynamo):
     """A compiled module under no_grad gives the eager results (outputs, state sequences, final states,
     carried to a second call) from the inference kernels: nothing is saved for a backward."""
-    from flexsn_dsl import triton_runtime as tr
+    from flexsn_dsl import triton_operators
     torch.manual_seed(1)
     m = flexsn_dsl.load(ROOT / "neurons" / "plif.yaml", backend="triton", store_state_seqs=True).double()
     xs = [torch.rand(5, 2, 7, dtype=torch.float64) * 2 for _ in range(2)]
@@ -161,8 +161,9 @@ def test_torch_compile_without_gradients_runs_the_inference_kernels(monkeypatch,
 
     eager = run(m)
     modes = []
-    forward = tr._forward
-    monkeypatch.setattr(tr, "_forward", lambda plan, *args, **kw: modes.append(args[5]) or forward(plan, *args, **kw))
+    forward = triton_operators._forward  # (the compiled step's operators call it)
+    monkeypatch.setattr(triton_operators, "_forward",
+                        lambda plan, *args, **kw: modes.append(args[5]) or forward(plan, *args, **kw))
     compiled = run(torch.compile(m, fullgraph=True))
     assert modes and not any(modes)  # (on a GPU, the calls that trace the operators)
     for a, b in zip(eager, compiled):
