@@ -85,6 +85,7 @@ def cmd_check(args) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SpecWarning)  # printed below, once, in the same form as errors
                 compiled = _compile(path, args)
+                compiled.lower()
         except SpecError as exc:
             failed += 1
             print(exc.format(), file=sys.stderr)

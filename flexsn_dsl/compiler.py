@@ -26,16 +26,18 @@ import sympy
 from .version import __version__
 from .codegen_torch import torch_source
 from .codegen_triton import Cores, build_cores
-from .errors import PluginError, SpecError
+from .errors import PluginError, SourcePos, SpecError
 from .interpreter import use_interpreter_without_gpu
 from .ir import StepIR, build_ir, resolve_params
 from .literals import identifier
 from .model import RESERVED_NAMES, NeuronModel, build_model, read_model
+from .model.language import CANONICAL_LOOP_HINT
 from .names import VARIANTS, generated_names, kernel_name
 from .plugins import X, Pass, Plugins, describe_exception, get_plugins, plugin_error, source_path
 from .parallel import Affine, analyse
-from .printer import TORCH, Printer, float_literal
+from .printer import TORCH, TRITON, Printer, float_literal
 from .scan_templates import scan_source
+from .symbolic import SurrogateGrad
 from .templates import module_source
 
 CACHE_ENV = "FLEXSN_DSL_CACHE"
@@ -190,7 +192,25 @@ class Compiled:
     @cached_property
     def ir(self) -> StepIR:
         """The step IR after the ``ir``-stage passes."""
-        return self._run_stage("ir", build_ir(self.model, self.values))
+        with self._lowering():
+            ir = build_ir(self.model, self.values)
+        return self._run_stage("ir", ir)
+
+    @contextlib.contextmanager
+    def _lowering(self):
+        """Report a failure of sympy or of a printer while lowering as a SpecError at the line that causes it."""
+        try:
+            yield
+        except (ValueError, TypeError, ArithmeticError, NotImplementedError, RecursionError) as exc:
+            lines = [(a.expr, a.pos) for a in self.model.checked_lines] if "ir" not in self.__dict__ else \
+                [(expr, pos) for (_, expr), pos in zip(self.ir.assignments, self.ir.positions)]
+            raise lowering_error(self.model, lines, exc).with_source(self.model.text.splitlines()) from None
+
+    def lower(self) -> None:
+        """Print the code of both backends (before ``source`` passes), as a build would: what cannot be compiled
+        is a SpecError now (``flexsn-dsl check``)."""
+        self.torch_source  # noqa: B018
+        self.kernel_text  # noqa: B018
 
     def _run_stage(self, stage: str, value, *args):
         for p in self.passes:
@@ -233,7 +253,8 @@ class Compiled:
 
     @cached_property
     def torch_source(self) -> str:
-        return torch_source(self.model, self.ir, self.header)
+        with self._lowering():
+            return torch_source(self.model, self.ir, self.header)
 
     @cached_property
     def torch_namespace(self) -> dict:
@@ -246,24 +267,29 @@ class Compiled:
 
     @cached_property
     def cores(self) -> Cores:
-        try:
+        with self._lowering():
             return build_cores(self.ir)
-        except (ValueError, TypeError, NotImplementedError) as exc:
-            raise _lowering_error(self.ir, exc) from None
 
     @cached_property
     def parallel(self) -> Affine | str:
         """The step as an affine map of the states (time-parallel kernels), or why it runs sequentially."""
-        return analyse(self.ir)
+        with self._lowering():
+            return analyse(self.ir)
 
     @cached_property
-    def triton_source(self) -> str:
-        """The Triton module's text after the ``source``-stage passes; with the time-parallel kernels
+    def kernel_text(self) -> str:
+        """The Triton module's text before the ``source``-stage passes; with the time-parallel kernels
         (:mod:`flexsn_dsl.scan_templates`) for a step affine in its states."""
         text = module_source(self.cores, self.header)
         if isinstance(self.parallel, Affine):
-            text += "\n\n" + scan_source(self.cores, self.parallel)
-        return self._run_stage("source", text, self.module_name)
+            with self._lowering():
+                text += "\n\n" + scan_source(self.cores, self.parallel)
+        return text
+
+    @cached_property
+    def triton_source(self) -> str:
+        """The Triton module's text after the ``source``-stage passes."""
+        return self._run_stage("source", self.kernel_text, self.module_name)
 
     @property
     def module_name(self) -> str:
@@ -421,13 +447,27 @@ def _ir_problem(ir: StepIR, before: StepIR) -> str:
     return ""
 
 
-def _lowering_error(ir: StepIR, exc: Exception) -> SpecError:
-    text = str(exc)
-    for (sym, _), pos in zip(ir.assignments, ir.positions):
-        if sym.name in text and pos is not None:
-            return SpecError(f"cannot lower step {sym.name!r} to Triton: {text}", pos,
-                             "rewrite the line with the listed functions, or use backend='torch'")
-    return SpecError(f"cannot lower {ir.name!r} to Triton: {text}", None, "use backend='torch'")
+def _fails(expr: sympy.Expr) -> bool:
+    """Whether printing ``expr`` or its first derivatives (by each of its symbols) fails in either dialect."""
+    try:
+        for e in [expr, *(expr.diff(s) for s in sorted(expr.free_symbols, key=str))]:
+            e = e.replace(lambda f: isinstance(f, SurrogateGrad), lambda f: f.args[0])
+            Printer(TORCH)(e), Printer(TRITON)(e)
+    except (ValueError, TypeError, ArithmeticError, NotImplementedError, RecursionError):
+        return True
+    return False
+
+
+def lowering_error(model: NeuronModel, lines: list[tuple[sympy.Expr, SourcePos | None]], exc: Exception) -> SpecError:
+    """A failure while lowering ``lines`` (an expression, where it was written) as a SpecError at the line that
+    causes it: the first whose expression alone fails to print or to differentiate, else the section of the
+    lines (`step` or `equations`)."""
+    text = "sympy rewrites one of its comparisons back and forth" if isinstance(exc, RecursionError) else str(exc)
+    pos = next((pos for expr, pos in lines if pos is not None and _fails(expr)), None) or \
+        model.positions.get("equations" if model.continuous else "step")
+    hint = CANONICAL_LOOP_HINT if isinstance(exc, RecursionError) else \
+        "rewrite the line with other functions, and report the message to the maintainers of flexsn-dsl"
+    return SpecError(f"cannot compile neuron {model.name!r}: {text}", pos, hint)
 
 
 _COMPILED: dict[tuple, Compiled] = {}

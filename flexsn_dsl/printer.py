@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
-from sympy.logic.boolalg import BooleanFalse, BooleanTrue
+from sympy.logic.boolalg import ITE, BooleanFalse, BooleanFunction, BooleanTrue
 
 from .literals import identifier, number
 from .symbolic import (Detach, FusedMultiplyAdd, PowBaseGrad, PowExpGrad, Reciprocal, Scaled, Sigmoid, Spike,
@@ -244,6 +244,8 @@ class Printer:
             lhs, rhs = self._operands([e.lhs, e.rhs], CMP + 1) if self.dialect is TRITON else \
                 (self._print(e.lhs, CMP + 1), self._print(e.rhs, CMP + 1))
             return self._wrap(f"{lhs} {op} {rhs}", CMP, outer)
+        if isinstance(e, BooleanFunction) and not isinstance(e, (sympy.And, sympy.Or)):
+            return self._print(and_or(e), outer)
         if isinstance(e, (sympy.And, sympy.Or)):
             if self.dialect is TRITON:  # as int8: the interpreter cannot combine a scalar (parameter) bool
                 joiner = " & " if isinstance(e, sympy.And) else " | "
@@ -420,6 +422,19 @@ def _float32_exact(value: float) -> bool:
 
 
 _FLOAT32_MAX = (2 - 2 ** -23) * 2 ** 127
+
+
+def and_or(cond: BooleanFunction) -> sympy.Basic:
+    """A condition other than And and Or (sympy's ``ITE``, ``Not``, ``Xor``, ... in the conditions of a
+    derivative or of a folded Piecewise) as comparisons joined by And and Or; ``ITE(c, a, b)`` is
+    ``(c & a) | (~c & b)`` (each condition once), the others their negation normal form."""
+    if isinstance(cond, ITE):
+        c, a, b = cond.args
+        return sympy.Or(sympy.And(c, a), sympy.And(sympy.Not(c), b))
+    if isinstance(cond, sympy.Not) and isinstance(cond.args[0], ITE):
+        c, a, b = cond.args[0].args
+        return sympy.Or(sympy.And(c, sympy.Not(a)), sympy.And(sympy.Not(c), sympy.Not(b)))
+    return cond.to_nnf(simplify=False)
 
 
 def _is_literal(text: str) -> bool:

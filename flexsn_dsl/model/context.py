@@ -74,7 +74,7 @@ class SpecContext:
                             f"{limit}", pos, "choose a shorter name")
         if (keyword.iskeyword(name) and not allow_keyword) or (name in RESERVED_NAMES and not allow_keyword):
             raise SpecError(f"{kind} name {name!r} is reserved", pos, _reserved_hint(name))
-        if is_white_noise_name(name):
+        if is_white_noise_name(name) and kind != "neuron":  # (a neuron's name is not an expression's)
             raise SpecError(f"{kind} name {name!r} is reserved: `xi` and `xi_<suffix>` are white noise in "
                             "`equations`", pos, f"choose another name, e.g. {name}0")
         if name.startswith("_") or "__" in name:

@@ -44,3 +44,5 @@ MAX_SPEC_TERMS = 20_000  # syntax-tree nodes over all expressions of a spec (bou
 SIZE_NAME = re.compile(r"[A-Z][A-Za-z0-9_]*")  # a size in `shape`: C, N, H_out
 MAX_REFRACTORY_STEPS = 2 ** 24  # a refractory period counts whole steps in a float32 counter: exact up to 2**24
 DT_HINT = "write dt: 0.5 (a number of time units, not learnable)"
+CANONICAL_LOOP_HINT = ("write the comparison (of min, max, clip, relu or where) another way, e.g. with each side a step line "
+                       "of its own (m: tanh(a) - h, then min(m, n))")

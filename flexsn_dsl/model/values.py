@@ -10,7 +10,7 @@ import sympy
 
 from ..errors import SourcePos, SpecError, SpecWarning
 from ..symbolic import draw_of, real_symbol
-from .language import DT_HINT, MAX_REFRACTORY_STEPS
+from .language import CANONICAL_LOOP_HINT, DT_HINT, MAX_REFRACTORY_STEPS
 from .neuron import Assignment, NeuronModel
 from .numbers import finite, finite_with
 
@@ -106,6 +106,9 @@ def fold_values(model: NeuronModel, values: dict[str, float],
                 return folded
         except (TypeError, ValueError, ZeroDivisionError):  # e.g. "Invalid comparison of non-real zoo"
             pass
+        except RecursionError:
+            raise SpecError(f"{what}: sympy cannot put a comparison of it in canonical form (it rewrites the "
+                            "comparison back and forth)", pos, CANONICAL_LOOP_HINT) from None
         culprits = [describe(s.name) for s in sorted(expr.free_symbols, key=str) if s.name in values] + \
                    [f"{folded_steps[s].name} = {float(constants[s]):g} (line {folded_steps[s].pos.line})"
                     for s in sorted(expr.free_symbols, key=str) if s in folded_steps]
