@@ -21,13 +21,21 @@ ORDERS = ["nir", "current_first"]
 def _float64_modules():
     old = torch.get_default_dtype()
     torch.set_default_dtype(DTYPE)
-    with torch.device("cpu"):
-        yield
+    yield
     torch.set_default_dtype(old)
 
 
+@pytest.fixture
+def on_cpu():
+    """The peers' modules (and so ours, compared with them) on the CPU, wherever the default device is."""
+    with torch.device("cpu"):
+        yield
+
+
 def _rand(*shape, seed, scale=1.0):
-    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed), dtype=DTYPE) * scale
+    """Random numbers drawn on the CPU (the same values on any machine), on the default device."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(*shape, generator=g, dtype=DTYPE, device="cpu") * scale).to(torch.get_default_device())
 
 
 def _np(*shape, seed, low=0.0, high=1.0):
@@ -143,7 +151,7 @@ def _synaptic(snn, n, seed):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # snnTorch calls nirtorch's deprecated extract_nir_graph
-def test_a_synaptic_network_exported_by_snntorch_spikes_as_in_snntorch():
+def test_a_synaptic_network_exported_by_snntorch_spikes_as_in_snntorch(on_cpu):
     snn = pytest.importorskip("snntorch")
     from snntorch.export_nir import export_to_nir
     torch.manual_seed(0)
@@ -166,7 +174,7 @@ def test_a_synaptic_network_exported_by_snntorch_spikes_as_in_snntorch():
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Norse calls nirtorch's deprecated load
-def test_a_cubalif_graph_spikes_as_norse_runs_it():
+def test_a_cubalif_graph_spikes_as_norse_runs_it(on_cpu):
     """Norse runs a CubaLIF node (norse.torch.from_nir) as a synapse stepped first, then the membrane, with Euler."""
     norse = pytest.importorskip("norse.torch")
     node = nir.CubaLIF(tau_syn=np.full(N, 5e-3), tau_mem=np.full(N, 1e-2), r=_np(N, seed=12, low=1, high=2),
@@ -287,7 +295,7 @@ def test_paper_braille_rnn_in_each_order(bias, method):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_paper_braille_rnn_spikes_as_snntorch_modules(bias):
+def test_paper_braille_rnn_spikes_as_snntorch_modules(bias, on_cpu):
     """snnTorch's Synaptic layers and a Linear recurrence, run by hand, step by step, against the graph imported in
     snnTorch's order (current first, Euler at its dt)."""
     snn = pytest.importorskip("snntorch")
