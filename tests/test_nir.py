@@ -260,6 +260,37 @@ def test_recurrent_graph(fused, backend):
     assert type(exported.nodes["w_rec"]) is type(loop) and np.array_equal(exported.nodes["w_rec"].weight, w_rec)
 
 
+@pytest.mark.parametrize("rec_first", [False, True])
+def test_a_recurrent_edge_gives_its_bias_at_the_first_step(rec_first):
+    """NIR's equations (and snnTorch) apply the recurrent Affine to the zero starting spikes: its bias reaches the
+    neuron at the first step, whichever node of the cycle the graph lists first (w_rec first once raised)."""
+    lif = _lif()
+    w_rec, b_rec = _np(N, N, seed=44, low=-0.5, high=0.5), _np(N, seed=45, low=0.3, high=0.8)
+    nodes = {"input": nir.Input(input_type=np.array([N])), "lif": lif, "w_rec": nir.Affine(weight=w_rec, bias=b_rec),
+             "output": nir.Output(output_type=np.array([N]))}
+    if rec_first:
+        nodes = {k: nodes[k] for k in ("input", "w_rec", "lif", "output")}
+    graph = nir.NIRGraph(nodes=nodes, edges=[("input", "lif"), ("lif", "w_rec"), ("w_rec", "lif"), ("lif", "output")])
+    x = _rand(20, 2, N, seed=46, scale=1.0)
+    p = {k: _t(getattr(lif, k), x) for k in ("tau", "r", "v_leak", "v_threshold", "v_reset")}
+
+    def loop(first_bias):
+        v, s, spikes = p["v_leak"] + torch.zeros_like(x[0]), torch.zeros_like(x[0]), []
+        for t in range(x.shape[0]):
+            rec = s @ _t(w_rec, x).T + (_t(b_rec, x) if t or first_bias else 0.0)
+            v = _leaky(v, p["v_leak"] + p["r"] * (x[t] + rec), p["tau"], 1e-3, "euler")
+            s = (v > p["v_threshold"]).to(DTYPE)
+            v = torch.where(s > 0, p["v_reset"] + 0 * v, v)
+            spikes.append(s)
+        return torch.stack(spikes)
+    want = loop(first_bias=True)
+    net, out = _run(graph, x, 1e-3, "euler")
+    assert not torch.equal(want, loop(first_bias=False))  # the first step's bias shows in the spikes
+    assert torch.equal(out, want)
+    net.reset()
+    assert torch.equal(net(x), want)
+
+
 def _delayed(x, steps):
     """x [T, B, N] with feature j delayed by steps[j] steps (zeros before the first step)."""
     return torch.stack([torch.cat([torch.zeros_like(x[:k, :, j]), x[:len(x) - k, :, j]])

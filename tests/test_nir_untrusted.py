@@ -271,3 +271,65 @@ def test_padding_beyond_the_kernel_is_refused():
     with pytest.raises(NIRError, match=r"padding \[12000, 12000\] is more than the kernel \[3, 3\]"):
         flexsn_dsl.from_nir(nir.NIRGraph.from_list(conv, type_check=False), dt=1.0)
 
+
+
+def _lif(n, **fields) -> object:
+    values = dict(tau=np.full(n, 0.01), r=np.ones(n), v_leak=np.zeros(n), v_threshold=np.ones(n), v_reset=np.zeros(n))
+    return nir.LIF(**{**values, **fields})
+
+
+def _mutated() -> object:
+    graph = nir.NIRGraph.from_list(nir.Affine(weight=np.ones((5, 3)), bias=np.zeros(5)), _lif(5))
+    graph.nodes["lif"] = _lif(4, tau=np.array([0.01, 0.02, 0.03, 0.04]))  # after nir's type check
+    return graph
+
+
+def _unchecked(*nodes, edges) -> object:
+    return nir.NIRGraph(nodes=dict(nodes), edges=edges, type_check=False)
+
+
+def _two_sizes_into_one() -> object:
+    return _unchecked(("input", nir.Input(np.array([3]))), ("a", nir.Affine(weight=np.ones((4, 3)), bias=np.zeros(4))),
+                      ("b", nir.Affine(weight=np.ones((5, 3)), bias=np.zeros(5))), ("output", nir.Output(np.array([4]))),
+                      edges=[("input", "a"), ("input", "b"), ("a", "output"), ("b", "output")])
+
+
+@pytest.mark.parametrize("make, message", [
+    (_mutated, "node 'lif': field 'tau' has shape [4], but its input (the neurons it has) has shape [5]; give one value "
+               "or that shape"),
+    (lambda: nir.NIRGraph.from_list(nir.Flatten(np.array([3, 3, 3]), start_dim=5)),
+     "node 'flatten': start_dim=5, end_dim=-1 do not fit its input of shape [3, 3, 3] (dimensions of one sample"),
+    (lambda: _unchecked(("input", nir.Input(np.array([3]))), ("fc", nir.Affine(weight=np.ones((7, 3)), bias=np.zeros(7))),
+                        ("lif", _lif(4)), ("output", nir.Output(np.array([4]))),
+                        edges=[("input", "fc"), ("fc", "lif"), ("lif", "output")]),
+     "node 'lif': field 'tau' has shape [4], but its input (the neurons it has) has shape [7]"),
+    (_two_sizes_into_one, "node 'output': the edges into it bring shapes [4] and [5] (from 'b'); edges into one node "
+                          "add up, so their shapes must agree"),
+    (lambda: nir.NIRGraph.from_list(nir.Input(np.array([2, 6, 6])), nir.Conv2d(None, np.ones((2, 3, 3, 3)), 1, 1, 1, 1,
+                                                                                np.zeros(2)), type_check=False),
+     "node 'conv2d': its input has shape [2, 6, 6], but a Conv2d of weight [2, 3, 3, 3] and groups=1 takes [3, ...]"),
+    (lambda: _unchecked(("input", nir.Input(np.array([3]))), ("lost", _lif(3)), ("output", nir.Output(np.array([3]))),
+                        edges=[("input", "output")]),
+     "node 'lost' is not reached from an Input node"),
+])
+def test_graphs_made_in_memory_pass_the_checks_files_get(make, message):
+    """However a graph was made (mutated after nir's type check, or without it), from_nir checks the shapes along
+    every edge, the neuron counts, Flatten's dimensions; each failure a one-line NIRError naming the node."""
+    with pytest.raises(NIRError) as info:
+        flexsn_dsl.from_nir(make(), dt=1e-3, backend="torch")
+    assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
+
+
+def test_a_file_nir_reads_passes_the_same_checks(tmp_path):
+    """nir's own type check lets Flatten(start_dim=5) through (it appends a dimension); the file is refused as the
+    graph in memory is."""
+    graph = nir.NIRGraph.from_list(nir.Flatten(np.array([3, 3, 3]), start_dim=5))
+    nir.write(tmp_path / "flat.nir", graph)
+    with pytest.raises(NIRError, match=r"^node 'flatten': start_dim=5, end_dim=-1 do not fit its input of shape"):
+        flexsn_dsl.from_nir(tmp_path / "flat.nir", dt=1.0)
+
+
+def test_an_input_of_another_shape_is_refused_naming_the_input():
+    net = flexsn_dsl.from_nir(_graph(), dt=1e-3, backend="torch")
+    with pytest.raises(ValueError, match=r"^input 'input' takes \[T, B, 2\], got \[4, 2, 3\]$"):
+        net(torch.zeros(4, 2, 3))

@@ -8,12 +8,13 @@ recognises each neuron module by comparing its spec's equations with NIR's, symb
 
 Needs the ``nir`` package (``pip install flexsn-dsl[nir]``); only the CLI imports this package
 (lazily). NIR files and graphs are untrusted input, like specs: a file is checked before it is
-read (:mod:`.files`), every value per element (:mod:`.read`), and names never reach spec text or
-generated code (the specs are fixed texts, the values go in as numbers and tensors).
+read (:mod:`.files`), every graph's fields and shapes along its edges (:mod:`.check`), every value
+per element (:mod:`.read`), and names never reach spec text or generated code (the specs are fixed
+texts, the values go in as numbers and tensors).
 
 Modules: :mod:`.kinds` (the NIR neuron kinds and the spec text of each), :mod:`.files` (a NIR
-file checked before reading), :mod:`.read` (a graph into modules), :mod:`.match` (a spec's
-equations against NIR's), :mod:`.write` (a module as a graph).
+file checked before reading), :mod:`.check` (a graph's fields and shapes), :mod:`.read` (a graph
+into modules), :mod:`.match` (a spec's equations against NIR's), :mod:`.write` (a module as a graph).
 """
 from __future__ import annotations
 

@@ -62,17 +62,40 @@ NEURONS: dict[str, NeuronKind] = {k.kind: k for k in (
 
 INPUT = re.compile(r"\bx\b")  # the input in the equations of NEURONS
 
+# The order of a CubaLIF/CubaLI step: "nir", NIR's reference (the voltage integrates with the current
+# from before this step's input: the two equations as one system), or "current_first", snnTorch's and
+# Norse's (the current takes this step's input first; the voltage then integrates with it held).
+ORDERS = ("nir", "current_first")
+ORDER_KEY = "step_order"  # a node's metadata key where to_nir records an order other than NIR's
+CURRENT_FIRST_METHODS = ("exact", "euler")
+_CURRENT_FIRST = {  # method -> (the current's step, the voltage's step) with the current held at its new value
+    "euler": ("i_syn + dt * (w_in * x - i_syn) / tau_syn", "v + dt * (v_leak - v + r * i_syn) / tau_mem"),
+    "exact": ("w_in * x + (i_syn - w_in * x) * exp(-dt / tau_syn)",
+              "v_leak + r * i_syn + (v - v_leak - r * i_syn) * exp(-dt / tau_mem)"),
+}
+
+
+def has_order(kind: NeuronKind) -> bool:
+    """Whether the kind's step depends on the order (a current feeding the voltage)."""
+    return dict(kind.states).keys() == {"i_syn", "v"}
+
 
 def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]], recurrent: bool = False,
-                values: Mapping[str, float] | None = None) -> str:
+                values: Mapping[str, float] | None = None, order: str = "nir") -> str:
     """The spec text of a NIR neuron kind; ``shapes`` gives the parameters that hold one value per neuron,
     ``values`` the numbers of the others and of ``dt`` (written into the text as exact literals, so that
     the spec shows the values in use; 1.0 where not given); ``recurrent`` adds ``rec = rec_weight ·
-    out[t-1]`` (the neuron's output fed back) to its input."""
+    out[t-1]`` (the neuron's output fed back) to its input; ``order`` is that of :data:`ORDERS` (a
+    ``step`` spec for ``current_first`` with ``exact`` or ``euler``)."""
     values = values or {}
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    lines = [f"neuron: nir_{kind.kind.lower()}", f"description: {json.dumps(kind.description)}", "inputs: [x]", "parameters:"]
+    current_first = order == "current_first" and has_order(kind)
+    if current_first and method not in CURRENT_FIRST_METHODS:
+        raise ValueError(f"order='current_first' integrates with method 'exact' or 'euler', got {method!r}")
+    description = kind.description + ("; the current first (snnTorch, Norse)" if current_first else "")
+    lines = [f"neuron: nir_{kind.kind.lower()}", f"description: {json.dumps(description)}", "inputs: [x]",
+             "parameters:"]
     for index, name in enumerate(kind.params):
         if name in shapes:  # the tensor given as params= replaces the value; distinct values keep the
             dims = ", ".join(str(int(n)) for n in shapes[name])  # propagator check from seeing equal time constants
@@ -83,10 +106,17 @@ def neuron_spec(kind: NeuronKind, method: str, shapes: dict[str, tuple[int, ...]
     if recurrent:
         lines += ["recurrent:", f"  rec: {{from: {'s' if kind.spiking else 'v'}}}"]
     drive = "(x + rec)" if recurrent else "x"
+    if current_first:
+        current, voltage = (INPUT.sub(drive, rhs) for rhs in _CURRENT_FIRST[method])
+        lines += ["step:", f"  i_syn: {current}"]
+        if kind.spiking:
+            lines += [f"  h: {voltage}", "  s: spike(h - v_threshold)", "  v: s * v_reset + (1 - s) * h", "outputs: [s]"]
+        else:
+            lines += [f"  v: {voltage}", "outputs: [v]"]
+        return "\n".join(lines) + "\n"
     lines += ["equations:", *(f"  {s}: " + INPUT.sub(drive, rhs) for s, rhs in kind.equations), f"method: {method}"]
     if kind.spiking:
         lines += ["threshold: v >= v_threshold", "reset:", "  v: v_reset", "outputs: [s]"]
     else:
         lines.append("outputs: [v]")
     return "\n".join(lines) + "\n"
-

@@ -15,8 +15,9 @@ from ..layers import PerStep
 from ..model import METHODS
 from ..runtime import BACKENDS, FlexSN, loads
 from ..errors import MissingDependency, NIRError, SpecError
+from .check import _ints, check_graph
 from .files import check_file, shown
-from .kinds import NEURONS, _nir, neuron_spec
+from .kinds import CURRENT_FIRST_METHODS, NEURONS, ORDER_KEY, ORDERS, _nir, has_order, neuron_spec
 
 
 # -- values: every element of every field checked ---------------------------------------------
@@ -63,11 +64,35 @@ def _nesting(graph: Any) -> None:
         todo += [(n, depth + 1) for n in g.nodes.values() if isinstance(n, nir.NIRGraph)]
 
 
-def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback: Any = None) -> FlexSN:
+def _order(node: Any, name: str, order: str | None) -> str:
+    """The order a CubaLIF/CubaLI node runs in: ``order`` where given, else the one its metadata records
+    (:data:`~flexsn_dsl.nir.kinds.ORDER_KEY`, as :func:`to_nir` writes it), else NIR's."""
+    if order is not None:
+        return order
+    metadata = getattr(node, "metadata", None)
+    recorded = metadata.get(ORDER_KEY) if isinstance(metadata, dict) else None
+    if recorded is None:
+        return "nir"
+    if isinstance(recorded, np.ndarray) and recorded.shape == ():
+        recorded = recorded.item()
+    if isinstance(recorded, bytes):  # (a string read back from a file)
+        recorded = recorded.decode("utf-8", "replace")
+    if recorded not in ORDERS:
+        raise NIRError(f"node {name!r}: metadata {ORDER_KEY!r} is {recorded!r}, not one of {list(ORDERS)}")
+    return recorded
+
+
+def _neuron(node: Any, name: str, dt: float, method: str, backend: str, order: str | None,
+            feedback: Any = None) -> FlexSN:
     """A NIR neuron node as a FlexSN: uniform arrays become numbers (baked into the kernels),
-    the others parameters with the array's shape (one value per neuron). ``feedback``: the
-    Linear node of an edge from the neuron back to itself, run inside the neuron's kernel."""
+    the others parameters with the array's shape (one value per neuron). ``order``: that of
+    :func:`from_nir`; ``feedback``: the Linear node of an edge from the neuron back to itself, run
+    inside the neuron's kernel."""
     kind = NEURONS[type(node).__name__]
+    order = _order(node, name, order) if has_order(kind) else "nir"
+    if order != "nir" and method not in CURRENT_FIRST_METHODS:
+        raise NIRError(f"node {name!r} runs in the order {order!r} (its metadata), which integrates with method "
+                       f"{' or '.join(map(repr, CURRENT_FIRST_METHODS))}, not {method!r}")
     params: dict[str, torch.Tensor] = {}
     numbers: dict[str, float] = {"dt": dt}  # written into the spec's text
     if feedback is not None:
@@ -83,17 +108,19 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, feedback
         else:
             shapes[p] = array.shape
             params[p] = torch.tensor(array, dtype=torch.get_default_dtype())
-    if method == "exact" and {"tau_syn", "tau_mem"} & set(shapes):
+    if method == "exact" and order == "nir" and {"tau_syn", "tau_mem"} & set(shapes):
         same = arrays["tau_syn"] == arrays["tau_mem"]
         if np.any(same):
             raise NIRError(f"node {name!r}: tau_syn equals tau_mem for {int(same.sum())} neuron(s), where the exact "
                            "per-neuron propagator divides by tau_syn - tau_mem; import it with method='rk4' "
                            "(or give every neuron the same two time constants)")
     try:
-        return loads(neuron_spec(kind, method, shapes, feedback is not None, numbers), params=params,
-                     backend=backend, filename=f"<nir {kind.kind}>")
+        module = loads(neuron_spec(kind, method, shapes, feedback is not None, numbers, order), params=params,
+                       backend=backend, filename=f"<nir {kind.kind}>")
     except SpecError as exc:  # values the spec's own checks refuse (a time constant that overflows dt / tau)
         raise NIRError(f"node {name!r}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")) from None
+    module.nir_order = order  # (to_nir writes it back: a current-first step is no NIR equation of its own)
+    return module
 
 
 # -- the other nodes as torch modules ------------------------------------------------------
@@ -171,38 +198,17 @@ class Delay(nn.Module):
         return seq.gather(0, index)
 
 
-def _ints(value: Any, n: int, what: str, low: int = 0) -> tuple[int, ...]:
-    """An int or a sequence of ints as an n-tuple, each at least ``low``."""
-    array = np.asarray(value).reshape(-1)
-    if array.size == 1:
-        array = np.repeat(array, n)
-    if array.dtype.kind not in "biuf" or array.size != n or not np.all(np.isfinite(array)) or \
-            not np.all(array == np.round(array)) or np.any(array < low) or np.any(np.abs(array) > 2 ** 31):
-        raise NIRError(f"{what} must be {n} whole number(s) of at least {low}, got "
-                       f"{np.asarray(value).reshape(-1)[:8].tolist()}")
-    return tuple(int(a) for a in array)
-
-
 def _conv(node: Any, name: str, dims: int) -> nn.Module:
+    """A Conv1d/Conv2d node (its fields checked by :func:`~flexsn_dsl.nir.check.check_graph`)."""
     weight = _tensor(node.weight, name, "weight")
-    if weight.dim() != dims + 2:
-        raise NIRError(f"node {name!r}: a Conv{dims}d weight has {dims + 2} dimensions, got shape {list(weight.shape)}")
-    padding = node.padding
-    if isinstance(padding, bytes):
-        padding = padding.decode()
+    padding = node.padding.decode() if isinstance(node.padding, bytes) else node.padding
     if not isinstance(padding, str):
-        padding = _ints(padding, dims, f"node {name!r}: padding")
-    elif padding not in ("same", "valid"):
-        raise NIRError(f"node {name!r}: padding must be 'same', 'valid' or numbers, got {padding!r}")
-    if not isinstance(padding, str) and any(p > k for p, k in zip(padding, weight.shape[2:])):
-        raise NIRError(f"node {name!r}: padding {list(padding)} is more than the kernel {list(weight.shape[2:])}")
+        padding = _ints(padding, dims, "padding")
+    (groups,) = _ints(node.groups, 1, "groups")
     cls = nn.Conv1d if dims == 1 else nn.Conv2d
-    (groups,) = _ints(node.groups, 1, f"node {name!r}: groups", low=1)
-    if weight.shape[0] % groups:
-        raise NIRError(f"node {name!r}: {weight.shape[0]} output channels are not a multiple of groups={groups}")
     layer = cls(weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
-                stride=_ints(node.stride, dims, f"node {name!r}: stride", low=1), padding=padding,
-                dilation=_ints(node.dilation, dims, f"node {name!r}: dilation", low=1), groups=groups)
+                stride=_ints(node.stride, dims, "stride"), padding=padding,
+                dilation=_ints(node.dilation, dims, "dilation"), groups=groups)
     with torch.no_grad():
         layer.weight.copy_(weight)
         layer.bias.copy_(_tensor(node.bias, name, "bias").reshape(-1) * torch.ones(weight.shape[0]))
@@ -211,8 +217,6 @@ def _conv(node: Any, name: str, dims: int) -> nn.Module:
 
 def _linear(node: Any, name: str, bias: bool) -> nn.Linear:
     weight = _tensor(node.weight, name, "weight")
-    if weight.dim() != 2:
-        raise NIRError(f"node {name!r}: only 2-d weights are supported, got shape {list(weight.shape)}")
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias)
     with torch.no_grad():
         layer.weight.copy_(weight)
@@ -221,12 +225,8 @@ def _linear(node: Any, name: str, bias: bool) -> nn.Linear:
     return layer
 
 
-def _pool(node: Any, name: str, summing: bool) -> nn.Module:
-    kernel = _ints(node.kernel_size, 2, f"node {name!r}: kernel_size", low=1)
-    stride = _ints(node.stride, 2, f"node {name!r}: stride", low=1)
-    padding = _ints(node.padding, 2, f"node {name!r}: padding")
-    if any(p > k for p, k in zip(padding, kernel)):
-        raise NIRError(f"node {name!r}: padding {list(padding)} is more than the kernel {list(kernel)}")
+def _pool(node: Any, summing: bool) -> nn.Module:
+    kernel, stride, padding = (_ints(getattr(node, f), 2, f) for f in ("kernel_size", "stride", "padding"))
     return PerStep(nn.AvgPool2d(kernel, stride, padding, divisor_override=1 if summing else None))
 
 
@@ -242,12 +242,13 @@ def _delay(node: Any, name: str, dt: float) -> Delay:
     return Delay(torch.tensor(steps.astype(np.int64)))
 
 
-def _layer(node: Any, name: str, dt: float, method: str, backend: str, feedback: Any = None) -> nn.Module | None:
+def _layer(node: Any, name: str, dt: float, method: str, backend: str, order: str | None,
+           feedback: Any = None) -> nn.Module | None:
     """The module of one node; None for Input, Output and Identity (pass-through)."""
     nir = _nir()
     kind = type(node).__name__
     if kind in NEURONS:
-        return _neuron(node, name, dt, method, backend, feedback)
+        return _neuron(node, name, dt, method, backend, order, feedback)
     if isinstance(node, (nir.Input, nir.Output)) or kind == "Identity":
         return None
     if isinstance(node, nir.Affine):
@@ -261,9 +262,9 @@ def _layer(node: Any, name: str, dt: float, method: str, backend: str, feedback:
     if isinstance(node, nir.Flatten):
         return Flatten(int(node.start_dim), int(node.end_dim))
     if isinstance(node, nir.SumPool2d):
-        return _pool(node, name, summing=True)
+        return _pool(node, summing=True)
     if isinstance(node, nir.AvgPool2d):
-        return _pool(node, name, summing=False)
+        return _pool(node, summing=False)
     if isinstance(node, nir.Scale):
         return Scale(_tensor(node.scale, name, "scale"))
     if isinstance(node, nir.Threshold):
@@ -271,13 +272,8 @@ def _layer(node: Any, name: str, dt: float, method: str, backend: str, feedback:
     if isinstance(node, nir.Delay):
         return _delay(node, name, dt)
     if isinstance(node, nir.NIRGraph):
-        return _network(node, dt, method, backend, f"{name}.")
-    raise NIRError(f"node {name!r} is a {kind}, which from_nir cannot run; it runs "
-                   f"{', '.join(sorted(SUPPORTED))}")
-
-
-SUPPORTED = (*NEURONS, "Affine", "Linear", "Conv1d", "Conv2d", "Flatten", "SumPool2d", "AvgPool2d", "Scale",
-             "Threshold", "Delay", "Input", "Output", "Identity", "NIRGraph")
+        return _network(node, dt, method, backend, order, f"{name}.")
+    raise NIRError(f"node {name!r} is a {kind}, which from_nir cannot run")  # (check_graph refused it before)
 
 
 # -- wiring ---------------------------------------------------------------------------------
@@ -332,13 +328,17 @@ class NIRNetwork(nn.Module):
 
     Feed-forward parts run layer by layer over all T steps (each neuron layer in one fused call);
     a cycle (a recurrent edge) runs step by step, an edge back to an earlier node of the cycle
-    carrying the previous step's output (zero after :meth:`reset`). ``nodes`` holds the modules
-    under fixed keys (``node0``, ...); ``names`` maps each NIR node name to its key.
+    carrying the previous step's output; before the first step (after :meth:`reset`), that of the
+    starting state, as NIR's equations have it: neurons give their starting output (no spikes, or
+    ``v``'s initial value) and the other nodes their output on that (an ``Affine``'s bias).
+    ``nodes`` holds the modules under fixed keys (``node0``, ...); ``names`` maps each NIR node
+    name to its key; ``shapes`` gives one sample's shape out of each node.
     """
 
     def __init__(self, names: list[str], modules: dict[str, nn.Module | None], edges: list[tuple[str, str]],
-                 inputs: list[str], outputs: list[str], folded: dict[str, str] | None = None):
+                 inputs: list[str], outputs: list[str], folded: dict[str, str], shapes: dict[str, tuple[int, ...]]):
         super().__init__()
+        self.shapes = dict(shapes)
         self.names = {name: f"node{i}" for i, name in enumerate(names)}
         self.folded = dict(folded or {})  # neuron -> the Linear of its feedback loop, now the neuron's rec_weight
         self.names.update({linear: self.names[neuron] for neuron, linear in self.folded.items()})
@@ -378,6 +378,10 @@ class NIRNetwork(nn.Module):
     def forward(self, *xs: torch.Tensor):
         if len(xs) != len(self._inputs):
             raise TypeError(f"this graph takes {len(self._inputs)} input(s), got {len(xs)}")
+        for name, x in zip(self._inputs, xs):
+            if tuple(x.shape[2:]) != self.shapes[name] or x.dim() < 2:
+                raise ValueError(f"input {name!r} takes [T, B, {', '.join(map(str, self.shapes[name]))}], got "
+                                 f"{list(x.shape)}")
         values: dict[str, torch.Tensor] = {}
         for comp in self._components:
             if len(comp) == 1 and comp[0] not in self._preds[comp[0]]:
@@ -391,28 +395,22 @@ class NIRNetwork(nn.Module):
 
     def _run_cycle(self, comp: list[str], values: dict[str, torch.Tensor]) -> None:
         """A strongly connected component, step by step: a predecessor later in ``comp`` (or the node
-        itself) gives its output of the previous step."""
+        itself) gives its output of the previous step (:meth:`_start` before the first)."""
         position = {n: i for i, n in enumerate(comp)}
         outside = next((values[p] for n in comp for p in self._preds[n] if p not in position), None)
         if outside is None:
             raise NIRError(f"the cycle {comp!r} has no input from outside it")
         steps: dict[str, list[torch.Tensor]] = {n: [] for n in comp}
         for t in range(outside.shape[0]):
+            if any(n not in self._previous for n in comp):
+                self._previous.update(self._start(comp, outside[:1]))
             now: dict[str, torch.Tensor] = {}
             for n in comp:
                 total = None
                 for p in self._preds[n]:
-                    if p not in position:
-                        v = values[p][t:t + 1]
-                    elif position[p] < position[n]:
-                        v = now[p]
-                    else:
-                        v = self._previous.get(p)
-                        if v is None:
-                            continue  # zero before the first step
+                    v = values[p][t:t + 1] if p not in position else now[p] if position[p] < position[n] \
+                        else self._previous[p]
                     total = v if total is None else total + v
-                if total is None:
-                    raise NIRError(f"node {n!r} gets no input at the first step of its cycle")
                 now[n] = self._apply_node(n, total)
             for n in comp:
                 self._previous[n] = now[n]
@@ -420,32 +418,66 @@ class NIRNetwork(nn.Module):
         for n in comp:
             values[n] = torch.cat(steps[n])
 
+    def _start(self, comp: list[str], like: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each node's output before the first step of its cycle: a neuron's starting output (no spikes,
+        or ``v``'s initial value), a delay's or a subgraph's zero, any other node's output on its
+        inputs' (nothing comes from outside the cycle before the first step); ``like`` (one step of
+        an input to the cycle) gives the batch, dtype and device."""
+        start: dict[str, torch.Tensor] = {}
+        visiting: set[str] = set()
 
-def _network(graph: Any, dt: float, method: str, backend: str, prefix: str = "") -> NIRNetwork:
+        def zero(n: str) -> torch.Tensor:
+            return like.new_zeros((1, like.shape[1], *self.shapes[n]))
+
+        def value(n: str) -> torch.Tensor:
+            if n not in comp or n in visiting:
+                return zero(n)
+            if n not in start:
+                visiting.add(n)
+                module = self.nodes[self.names[n]] if self.names[n] in self.nodes else None
+                if isinstance(module, FlexSN):
+                    start[n] = _starting_output(module, zero(n))
+                elif isinstance(module, (Delay, NIRNetwork)):
+                    start[n] = zero(n)
+                else:
+                    total = zero(n)
+                    for p in self._preds[n]:
+                        total = total + value(p)
+                    start[n] = self._apply_node(n, total)
+                visiting.discard(n)
+            return start[n]
+        return {n: value(n) for n in comp}
+
+
+def _starting_output(neuron: FlexSN, zero: torch.Tensor) -> torch.Tensor:
+    """What a neuron gives before its first step: its output state's initial value, or no spikes."""
+    name = neuron._compiled.model.outputs[0][0]
+    states = list(neuron._compiled.model.states)
+    if name not in states:
+        return zero
+    value = neuron._initial_values(neuron._param_values())[states.index(name)]
+    return zero + (value.to(zero) if isinstance(value, torch.Tensor) else float(value))
+
+
+def _network(graph: Any, dt: float, method: str, backend: str, order: str | None, prefix: str = "") -> NIRNetwork:
     nir = _nir()
-    names = list(graph.nodes)
     for a, b in graph.edges:
         for end in (a, b):
             if end not in graph.nodes:
                 raise NIRError(f"edge ({prefix}{a!r}, {prefix}{b!r}) names node {end!r}, which the graph does not have")
+    shapes = check_graph(graph, prefix)
     edges = [(str(a), str(b)) for a, b in graph.edges]
-    folded = _feedback_loops(graph, edges)
+    folded = _feedback_loops(graph, edges, shapes)
     edges = [(a, b) for a, b in edges if folded.get(a) != b and folded.get(b) != a]
-    names = [n for n in names if n not in folded.values()]
-    modules = {n: _layer(graph.nodes[n], prefix + n, dt, method, backend,
+    names = [n for n in graph.nodes if n not in folded.values()]
+    modules = {n: _layer(graph.nodes[n], prefix + n, dt, method, backend, order,
                          graph.nodes[folded[n]] if n in folded else None) for n in names}
     inputs = [n for n in names if isinstance(graph.nodes[n], nir.Input)]
     outputs = [n for n in names if isinstance(graph.nodes[n], nir.Output)]
-    if not inputs or not outputs:
-        raise NIRError(f"the graph {prefix or ''}needs an Input and an Output node (it has "
-                       f"{len(inputs)} and {len(outputs)})")
-    for a, b in edges:
-        if b in inputs:
-            raise NIRError(f"edge ({a!r}, {b!r}) leads into the Input node {b!r}")
-    return NIRNetwork(names, modules, edges, inputs, outputs, folded)
+    return NIRNetwork(names, modules, edges, inputs, outputs, folded, {n: shapes[n] for n in names})
 
 
-def _feedback_loops(graph: Any, edges: list[tuple[str, str]]) -> dict[str, str]:
+def _feedback_loops(graph: Any, edges: list[tuple[str, str]], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
     """Spiking neuron node -> a Linear node on an edge from it back to it and nothing else (snnTorch's
     RLeaky): that loop runs inside the neuron's fused kernel (language v2, recurrent inputs)."""
     nir = _nir()
@@ -457,13 +489,11 @@ def _feedback_loops(graph: Any, edges: list[tuple[str, str]]) -> dict[str, str]:
     found: dict[str, str] = {}
     for n, node in graph.nodes.items():
         kind = NEURONS.get(type(node).__name__)
-        if kind is None or not kind.spiking or len(node.output_type["output"]) != 1:
+        if kind is None or not kind.spiking or len(shapes[n]) != 1:
             continue
-        size = int(node.output_type["output"][0])
         for p in preds[n]:
-            linear = graph.nodes[p]
-            if (type(linear) is nir.Linear and preds[p] == [n] and succs[p] == [n] and p not in found.values()
-                    and np.shape(linear.weight) == (size, size)):
+            if (type(graph.nodes[p]) is nir.Linear and preds[p] == [n] and succs[p] == [n]
+                    and p not in found.values()):
                 found[n] = p
                 break
     return found
@@ -474,27 +504,37 @@ def _check_dt(dt: Any) -> None:
         raise ValueError(f"dt must be a positive number, got {dt!r}")
 
 
-def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str = "auto") -> NIRNetwork:
+def from_nir(graph_or_path: Any, dt: float, method: str = "exact", backend: str = "auto",
+             order: str | None = None) -> NIRNetwork:
     """A NIR graph (a ``nir.NIRGraph`` or the path of a NIR file) as an ``nn.Module`` over ``[T, B, ...]``.
 
     ``dt`` is the length of one step, in the unit of the graph's time constants (seconds for
     graphs from snnTorch, Norse and most others). ``method`` integrates the neurons' equations
     (``exact``, ``euler``, ``rk2``, ``rk4``, ``exponential_euler``; a graph exported from a
-    framework that steps with Euler runs as it did there with ``method="euler"``). ``backend``
-    is that of :func:`flexsn_dsl.load`.
+    framework that steps with Euler runs as it did there with ``method="euler"``). ``order`` is
+    that of a CubaLIF/CubaLI step: ``"nir"`` (NIR's reference: the voltage integrates with the
+    current from before this step's input) or ``"current_first"`` (snnTorch and Norse: the current
+    takes this step's input first, the voltage integrates with the new current; ``exact`` or
+    ``euler``); None: the order each node's metadata records (:func:`to_nir` writes it), else
+    ``"nir"``. ``backend`` is that of :func:`flexsn_dsl.load`. Every graph passes
+    :func:`~flexsn_dsl.nir.check.check_graph` first.
     """
     nir = _nir()
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if order is not None and order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS} (or None: as each node records), got {order!r}")
+    if order == "current_first" and method not in CURRENT_FIRST_METHODS:
+        raise ValueError(f"order='current_first' integrates with method 'exact' or 'euler', got {method!r}")
     _check_dt(dt)
     graph = read_graph(graph_or_path) if isinstance(graph_or_path, (str, os.PathLike)) else graph_or_path
     try:
         if not isinstance(graph, nir.NIRGraph):
             graph = nir.NIRGraph.from_list(graph)
         _nesting(graph)
-        return _network(graph, float(dt), method, backend)
+        return _network(graph, float(dt), method, backend, order)
     except (NIRError, MissingDependency):
         raise
     except Exception as exc:  # noqa: BLE001 - a crafted graph: one line, never a traceback from deep inside

@@ -16,7 +16,7 @@ from torch import nn
 from ..layers import PerStep
 from ..runtime import FlexSN
 from ..errors import NIRError
-from .kinds import _nir
+from .kinds import NEURONS, ORDER_KEY, _nir
 from .match import check_ports, match_neuron
 from .read import Delay, Flatten, NIRNetwork, Scale, Threshold, _check_dt, _ints
 
@@ -42,6 +42,8 @@ def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: s
     if m._compiled.model.draws:
         raise NIRError(f"{where}: {m.spec.name} draws random numbers (rand(), randn() or xi), and NIR has no "
                        "noise: export the neuron without them")
+    if getattr(m, "nir_order", "nir") != "nir":
+        return _ordered_node(m, feature, where)
     kind, values, _ = match_neuron(m, dt)
     missing = [p for p in kind.params if p not in values]
     if missing:
@@ -58,6 +60,17 @@ def _neuron_node(m: FlexSN, feature: tuple[int, ...], dt: float | None, where: s
             raise NIRError(f"{where}: parameter {p} of shape {list(value.shape)} does not broadcast to the "
                            f"layer's shape {list(feature)}") from None
     return getattr(nir, kind.kind)(**arrays)
+
+
+def _ordered_node(m: FlexSN, feature: tuple[int, ...], where: str) -> Any:
+    """The node of a CubaLIF/CubaLI that :func:`from_nir` made in an order other than NIR's: its parameters
+    as they are now, the order in the node's metadata (the step is not NIR's equations, so it is not matched)."""
+    kind = next(k for k in NEURONS.values() if f"nir_{k.kind.lower()}" == m.spec.name)
+    arrays = {}
+    for p in kind.params:
+        value = _numpy(getattr(m, p).double()) if p in m.spec.shaped else np.float64(m.spec.parameters[p].value)
+        arrays[p] = np.array(np.broadcast_to(value, feature))
+    return getattr(_nir(), kind.kind)(**arrays, metadata={ORDER_KEY: m.nir_order})
 
 
 # The NIR node of each kind of layer, from the layer, one sample's shape at its input, dt and where it is.
