@@ -112,7 +112,7 @@ def _atan(x):
     a = tl.abs(x)
     big = a > 1.0
     a = tl.where(big, 1.0 / tl.where(big, a, 1.0), a)
-    far = a > tl.full((), 0.2679491924311227, a.dtype)  # (tan(pi/12): a comparison took a Python number as float32)
+    far = a > tl.full((), 0.2679491924311227, a.dtype)  # tan(pi/12), in a's dtype (not a float32 number)
     a = tl.where(far, (1.7320508075688772 * a - 1.0) / (1.7320508075688772 + a), a)
     z = a * a
     p = -1.0 / 27.0

@@ -90,8 +90,9 @@ def test_the_guard_reads_ptx_as_described(tmp_path):
     reaches the kernel's float64 values is one; the float32 steps of libdevice's float64 functions, which
     compute no value or an exact one, are not)."""
     cases = [(dtype, textwrap.dedent(ptx)) for dtype, _, ptx in CASES.values()]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", READ], input=json.dumps(cases), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path)))
+                          text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     counted = dict(zip(CASES, json.loads(done.stdout.splitlines()[-1])))
     assert counted == {name: expected for name, (_, expected, _) in CASES.items()}
