@@ -39,11 +39,18 @@ first, adds the same terms in the same order as one launch over all steps (recom
 ``input_precision`` of their ``tl.dot`` (``"tf32x3"``, ``"ieee"`` or ``"tf32"``, from the runtime).
 
 Draws (``rand()``, ``randn()``): a spec with draws takes ``_seed``, an int64 pair (the call's seed, the
-index of its first step). A Philox call (``tl.rand4x``/``tl.randn4x``) gives four numbers: element e of
+index of its first step). A Philox call (``_rand4x``/``_randn4x``) gives four numbers: element e of
 a step takes number e % 4 of the call at counter ``(step · K + k) · calls + e // 4`` (K: the spec's draws,
 k: this one's occurrence, calls: ceil(elements / 4); int64), so every element, step, occurrence and call
 gets its own number, a block of neurons needs a quarter of the calls, and the backward regenerates the
-forward's.
+forward's. The numbers depend only on the seed and the counter, never on the block size, time tiles,
+chunks of steps (time-parallel kernels, recompute) or the launch. In ``_DTYPE``: float32 kernels take
+``tl.rand4x``/``tl.randn4x``'s numbers (float32 uniforms, Box–Muller in float32); float64 kernels draw
+float64 numbers: each uniform takes 53 random bits, the high 32 from ``tl.randint4x``'s words (the
+Philox counter ``(offset low, offset high, 0, 0)``) and the low 21 from a second Philox call at
+``(offset low, offset high, 1, 0)``, a stream the first never reaches; ``(hi · 2**21 + (lo >> 11)) ·
+2**-53`` is exact, in [0, 1). Normals are Box–Muller in float64 on pairs of those (numbers 0, 1 and 2, 3
+of a call), with ``log(1 - u)``: never log(0).
 
 Names come from a :class:`FlexSNInfo`, whose fields are checked identifiers and
 finite numbers (:mod:`flexsn_dsl.literals`); INFO is printed with ``literals.value``.
@@ -111,6 +118,48 @@ def _tile_rows(tile, TC: tl.constexpr, BLOCK: tl.constexpr):
         rows += (tl.reshape(parts[k], [BLOCK]),)
     return rows
 '''
+DRAWS = '''@triton.jit
+def _uniform53(hi, lo):
+    """A float64 uniform in [0, 1) with 53 random bits: the 32 of ``hi`` over the top 21 of ``lo`` (uint32),
+    (hi * 2**21 + (lo >> 11)) * 2**-53, exact."""
+    return ((hi.to(tl.uint64) << 21) | (lo >> 11).to(tl.uint64)).to(tl.float64) * 1.1102230246251565e-16
+
+
+@triton.jit
+def _box_muller(u, v):
+    """Two independent standard normals from two uniforms in [0, 1), in their dtype (1 - u > 0: no log(0))."""
+    r = tl.sqrt(-2.0 * tl.log(1.0 - u))
+    angle = 6.283185307179586 * v
+    return r * tl.cos(angle), r * tl.sin(angle)
+
+
+@triton.jit
+def _rand4x(seed, offset, dtype: tl.constexpr):
+    """The four uniforms in [0, 1) of the Philox call at ``offset`` (int64), in ``dtype``: float32, tl.rand4x's;
+    float64, 53 random bits each, the high 32 from tl.randint4x's call (counter: offset's two words, 0, 0) and the
+    low 21 from a second call (offset's two words, 1, 0), which the first stream never reaches."""
+    if dtype == tl.float64:
+        hi0, hi1, hi2, hi3 = tl.randint4x(seed, offset)
+        low = offset.to(tl.uint32)
+        zero = low * 0
+        lo0, lo1, lo2, lo3 = tl.philox(seed, low, (offset >> 32).to(tl.uint32), zero + 1, zero)
+        return _uniform53(hi0, lo0), _uniform53(hi1, lo1), _uniform53(hi2, lo2), _uniform53(hi3, lo3)
+    else:
+        return tl.rand4x(seed, offset)
+
+
+@triton.jit
+def _randn4x(seed, offset, dtype: tl.constexpr):
+    """The four standard normals of the Philox call at ``offset``, in ``dtype``: float32, tl.randn4x's; float64,
+    Box-Muller in float64 on _rand4x's uniforms 0, 1 and 2, 3."""
+    if dtype == tl.float64:
+        u0, u1, u2, u3 = _rand4x(seed, offset, dtype)
+        n0, n1 = _box_muller(u0, u1)
+        n2, n3 = _box_muller(u2, u3)
+        return n0, n1, n2, n3
+    else:
+        return tl.randn4x(seed, offset)
+'''
 I1, I2 = "    ", "        "
 
 
@@ -164,19 +213,19 @@ def _seed_load(info: FlexSNInfo, numel: str, flat: bool) -> list[str]:
 
 
 def _draws(info: FlexSNInfo, names, step: str, flat: bool) -> list[str]:
-    """This step's draws among ``names`` (``step``: its index after ``_step0``), unindented: element e takes number e % 4 of the
-    Philox call at counter (step · K + k) · calls + e // 4 (``flat``: the block's calls made once each, their four
-    numbers interleaved; else each element's call, its lane picked: the same numbers)."""
+    """This step's draws among ``names`` (``step``: its index after ``_step0``), in ``_DTYPE``, unindented: element e
+    takes number e % 4 of the Philox call at counter (step · K + k) · calls + e // 4 (``flat``: the block's calls
+    made once each, their four numbers interleaved; else each element's call, its lane picked: the same numbers)."""
     lines = []
     for name in names:
         if name in info.draws:
             kind, k = draw_parts(name)
-            lines.append(f"_d0, _d1, _d2, _d3 = tl.{kind}4x(_seed_value, ((_step0 + {step}) * {info.draw_count} + "
-                         f"{k}) * _calls + _groups)")
+            lines.append(f"_d0, _d1, _d2, _d3 = _{kind}4x(_seed_value, ((_step0 + {step}) * {info.draw_count} + "
+                         f"{k}) * _calls + _groups, _DTYPE)")
             # (join adds its axis last: [i, j, m] = (first if m == 0 else second)[i, j], so numbers 0 1 2 3 in order)
             picked = "tl.reshape(tl.join(tl.join(_d0, _d2), tl.join(_d1, _d3)), [_BLOCK])" if flat else \
                 "tl.where(_lanes == 0, _d0, tl.where(_lanes == 1, _d1, tl.where(_lanes == 2, _d2, _d3)))"
-            lines.append(f"{name} = {picked}.to(_DTYPE)")
+            lines.append(f"{name} = {picked}")
     return lines
 
 
@@ -618,6 +667,7 @@ def module_source(cores: Cores, header: str) -> str:
     recurrent = RECURRENT_VARIANTS if [kind for _, kind, _ in cores.info.recurrent] == ["output"] else ()
     kernels = "\n\n".join(kernel_source(cores, v) for v in VARIANTS + recurrent)
     helpers = HEAVISIDE + "\n\n" + TILES + ("\n\n" + SEGMENTED_ADD if cores.info.learnable_shaped else "")
+    helpers += "\n\n" + DRAWS if cores.info.draws else ""
     return (f"{header}\n"
             "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n\n"
             "from flexsn_dsl.codegen_triton import FlexSNInfo\n\n"
