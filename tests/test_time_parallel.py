@@ -480,3 +480,12 @@ def test_substituting_values_into_conditions_does_not_fold_them(monkeypatch):
     assert sum(_nodes(b) for b in affine.offset) < 2000  # 1,277 (before: 96 folds, 6.5 s on one CPU core)
     monkeypatch.undo()
     _compare(FOLDED, monkeypatch, [4], shape=(4,), chunk=2)
+
+
+def test_conditions_past_the_budget_make_the_step_sequential(monkeypatch):
+    """Past the budget of condition terms the analysis stops: the step runs sequentially, and says why."""
+    from flexsn_dsl import parallel
+    monkeypatch.setattr(parallel, "MAX_CONDITION_NODES", 50)
+    assert verdict(compile_spec(text=FOLDED).ir) == \
+        "sequential: the conditions of the step's state-free values expand into more than 50 terms in the " \
+        "states' updates"
