@@ -90,6 +90,20 @@ def _piecewise(*pairs) -> sympy.Expr:
     return sympy.Piecewise(*[(expr, _unfold(cond)) for expr, cond in pairs])
 
 
+def _heaviside_step(a: sympy.Expr, h0: sympy.Expr) -> sympy.Expr:
+    """heaviside(a, h0): 0 where a < 0, h0 where a == 0, 1 where a > 0 (numpy's); h0 = 1 when left out,
+    so heaviside(a) is spike(a)'s forward (1 where a >= 0). A Piecewise of constants: no gradient
+    through ``a`` (spike() is the step with a surrogate gradient)."""
+    if h0 == 1:
+        return _piecewise((1, a >= 0), (0, True))
+    return _piecewise((0, a < 0), (1, a > 0), (h0, True))
+
+
+def _indicator(cond) -> sympy.Expr:
+    """A condition as a value: 1 where it holds, else 0 (no gradient)."""
+    return _piecewise((1, cond), (0, True))
+
+
 def _heaviside(a: sympy.Expr) -> sympy.Expr:
     """spike() of a constant (e.g. spike(pi - 3)): 1 or 0. Left as Spike(pi - 3), sympy loops
     forever when such a term meets a comparison."""
@@ -103,6 +117,7 @@ class Function:
     arity: int
     build: Callable[..., sympy.Expr]
     condition_arg: bool = False  # first argument is a condition (where)
+    optional: int = 0  # trailing arguments that may be left out (heaviside(x, h0))
 
 
 DSL_FUNCTIONS: dict[str, Function] = {
@@ -126,6 +141,8 @@ DSL_FUNCTIONS: dict[str, Function] = {
     "max": Function(2, lambda a, b: _piecewise((a, a >= b), (b, True))),
     "clip": Function(3, lambda a, lo, hi: _piecewise((lo, a < lo), (hi, a > hi), (a, True))),
     "where": Function(3, lambda c, a, b: _piecewise((a, c), (b, True)), condition_arg=True),
+    "sign": Function(1, lambda a: _piecewise((1, a > 0), (-1, a < 0), (0, True))),
+    "heaviside": Function(2, lambda a, h0=sympy.Integer(1): _heaviside_step(a, h0), optional=1),
     "spike": Function(1, lambda a: _heaviside(a) if a.is_number else Spike(a)),
     "detach": Function(1, lambda a: a if a.is_number else Detach(a)),
     # draws: a fresh number per occurrence, element, step and call (the parser numbers the occurrences)
@@ -143,7 +160,8 @@ SURROGATE_FUNCTIONS: dict[str, Function] = {
     "sign": Function(1, sympy.sign),
 }
 # What users write for a function of the language under another name (other libraries' spellings).
-FUNCTION_SYNONYMS = {"heaviside": "spike", "step": "spike", "arctan": "atan", "ln": "log", "fabs": "abs",
+FUNCTION_SYNONYMS = {"heaviside": "heaviside", "step": "spike", "unit_step": "spike", "sgn": "sign",
+                     "signum": "sign", "arctan": "atan", "ln": "log", "fabs": "abs",
                      "maximum": "max", "minimum": "min", "clamp": "clip", "logistic": "sigmoid", "exp_m1": "expm1",
                      "log_1p": "log1p", "arcsin": None, "arccos": None, "asin": None, "acos": None}
 
@@ -177,7 +195,7 @@ _SYNTAX = {
     ast.Slice: ("a slice", _GRAMMAR_HINT),
 }
 # Functions whose result is a Piecewise with a condition on their arguments.
-_CONDITIONAL = ("where", "relu", "min", "max", "clip")
+_CONDITIONAL = ("where", "relu", "min", "max", "clip", "sign", "heaviside")
 _NOT_FINITE = "is not a finite real number"
 
 
@@ -204,12 +222,14 @@ def closest(name: str, candidates) -> str:
 
 def closest_function(name: str, functions) -> str:
     """The hint for an unknown function: the function of the same meaning where there is one
-    (``heaviside`` -> ``spike``), else the closest in spelling, else the list."""
+    (``step`` -> ``spike``), else the closest in spelling, else the list."""
     meaning = FUNCTION_SYNONYMS.get(name.lower(), "")
     if meaning is None:
         return f"{name}() is not in the language: functions: {', '.join(sorted(functions))}"
     if meaning in functions:
-        return f"did you mean {meaning!r}? (the language's name for it)"
+        steps = " (spike(u) is the step whose gradient is the surrogate; heaviside(u) the step with none)" \
+            if meaning in ("spike", "heaviside") and {"spike", "heaviside"} <= set(functions) else ""
+        return f"did you mean {meaning!r}? (the language's name for it){steps}"
     return closest(name, functions) or f"functions: {', '.join(sorted(functions))}"
 
 
@@ -367,20 +387,28 @@ class ExpressionParser:
         if isinstance(node, ast.Call):
             return self._call(node)
         if isinstance(node, ast.Compare) or (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr))):
-            raise self._fail(node, "a comparison is only allowed as the condition of where(cond, a, b)",
-                             "write where(cond, value_if_true, value_if_false)")
+            cond = self._condition(node)  # a comparison as a value: 1 where it holds, else 0 (no gradient)
+            try:
+                return _indicator(cond)
+            except TooManyCases as exc:
+                raise self._fail(node, f"this comparison nests too many conditional functions "
+                                       f"({', '.join(_CONDITIONAL)}): {exc}",
+                                 "give the inner part its own step line (e.g. m: max(a, b)) and use that name here"
+                                 ) from None
+            except (TypeError, ValueError, ArithmeticError) as exc:
+                raise self._sympy_error(node, exc) from None
         if isinstance(node, ast.BoolOp):
             raise self._fail(node, "`and`/`or` are not part of the language",
-                             "combine comparisons with & and | inside where(...), e.g. where((a > 0) & (b < 1), x, y)")
+                             "combine comparisons with & and |, e.g. where((a > 0) & (b < 1), x, y)")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             raise self._fail(node, "`not` is not part of the language",
-                             "use the opposite comparison inside where(...), e.g. a <= b for not (a > b)")
+                             "use the opposite comparison, e.g. a <= b for not (a > b)")
         if isinstance(node, ast.UnaryOp):
             raise self._fail(node, "operator ~ is not part of the language", _GRAMMAR_HINT)
         if isinstance(node, ast.BinOp) and type(node.op) in _OTHER_BINOPS:
             op = _OTHER_BINOPS[type(node.op)]
             raise self._fail(node, f"operator {op} is not part of the language",
-                             "operators are + - * / ** (and & | between comparisons inside where)")
+                             "operators are + - * / ** (and & | between comparisons)")
         name, hint = _SYNTAX.get(type(node), (f"{type(node).__name__} syntax", _GRAMMAR_HINT))
         raise self._fail(node, f"{name} is not part of the language", hint)
 
@@ -459,9 +487,12 @@ class ExpressionParser:
             raise self._fail(starred, "`*` unpacking is not part of the language", "pass the arguments one by one")
         if name in DRAW_KINDS:
             return self._draw(node, name)
-        if len(node.args) != function.arity:
-            raise self._fail(node, f"{name}() takes {function.arity} argument{'s' if function.arity != 1 else ''}, "
-                                   f"got {len(node.args)}", f"write {name}({', '.join('abc'[:function.arity])})")
+        fewest = function.arity - function.optional
+        if not fewest <= len(node.args) <= function.arity:
+            counts = " or ".join(str(n) for n in range(fewest, function.arity + 1))
+            forms = " or ".join(f"{name}({', '.join('abc'[:n])})" for n in range(fewest, function.arity + 1))
+            raise self._fail(node, f"{name}() takes {counts} argument{'s' if function.arity != 1 else ''}, "
+                                   f"got {len(node.args)}", f"write {forms}")
         if function.condition_arg:
             args = [self._condition(node.args[0])] + [self._expr(a) for a in node.args[1:]]
         else:
@@ -490,15 +521,22 @@ class ExpressionParser:
         self.draws.append(symbol)
         return symbol
 
+    def _joined(self, node: ast.AST):
+        """An operand of & or |: a comparison (or a parenthesised join of them)."""
+        if isinstance(node, ast.Compare) or (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr))):
+            return self._condition(node)
+        raise self._fail(node, "& and | join comparisons", "compare this operand, e.g. (s > 0) & (x < 1); "
+                                                          "to multiply or add values use * and +")
+
     def _condition(self, node: ast.AST):
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
             chain = []  # (a > 0) & (b > 0) & ... is nested to the left: walk it without recursion
             while isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
                 chain.append(node)
                 node = node.left
-            value = self._condition(node)
+            value = self._joined(node)
             for link in reversed(chain):
-                right = self._condition(link.right)
+                right = self._joined(link.right)
                 try:
                     value = sympy.And(value, right) if isinstance(link.op, ast.BitAnd) else sympy.Or(value, right)
                 except (TypeError, ValueError, ArithmeticError) as exc:

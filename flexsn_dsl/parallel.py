@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from .expressions import MAX_CONDITION_NODES, TooManyCases, _unfold
 from .ir import StepIR
 from .symbolic import Detach, language_text
 
@@ -77,13 +78,47 @@ def _add(forms: list[_Form]) -> _Form:
     return _Form(coeffs, sympy.Add(*[f.const for f in forms]))
 
 
-def _form(expr: sympy.Expr, forms: dict, states: set, values: dict) -> _Form:
+class _Values(dict):
+    """The state-free assignments' values in inputs and parameters, and :meth:`put` to substitute them.
+
+    ``budget`` is a one-item list of the condition terms the substitutions may still expand into (see
+    :func:`flexsn_dsl.expressions._unfold`), shared by the whole analysis."""
+
+    def __init__(self):
+        super().__init__()
+        self.budget = [MAX_CONDITION_NODES]
+
+    def put(self, expr: sympy.Basic) -> sympy.Basic:
+        """``expr.xreplace(self)``, with each condition that the substitution puts a Piecewise into unfolded
+        (:func:`~flexsn_dsl.expressions._unfold`) before a Piecewise is built on it. Left to sympy, the
+        Piecewise would fold such a condition (``piecewise_fold``, then ``rewrite(ITE)`` through sets), at a
+        cost exponential in its comparisons: seconds for ``w: clip(v * -1.5, 0, 1)`` after
+        ``h: clip(max(max(x, 0.5), x), c, 1)``, ``v: tanh(h) * (1 - spike(h))``. Raises TooManyCases when the
+        unfolded conditions would exceed the budget."""
+        memo: dict = {}
+
+        def sub(e):
+            if e in self:
+                return self[e]
+            if not e.args or not e.free_symbols & self.keys():
+                return e
+            if e not in memo:
+                if isinstance(e, sympy.Piecewise):
+                    memo[e] = sympy.Piecewise(*[(sub(x), _unfold(sub(c), self.budget, {})) for x, c in e.args])
+                else:
+                    args = [sub(a) for a in e.args]
+                    memo[e] = e.func(*args) if any(a is not b for a, b in zip(args, e.args)) else e
+            return memo[e]
+        return sub(expr)
+
+
+def _form(expr: sympy.Expr, forms: dict, states: set, values: _Values) -> _Form:
     """``expr``'s affine form over ``states``; ``forms``: those of the assignments before it, ``values``:
     their values in inputs and parameters (for the state-free parts)."""
     dependent = {s for s in expr.free_symbols
                  if s in states or (s in forms and (forms[s].coeffs or not forms[s].affine))}
     if not dependent:
-        return _Form({}, expr.xreplace(values))
+        return _Form({}, values.put(expr))
     if expr in states:
         return _Form({expr: sympy.S.One}, sympy.S.Zero)
     if expr in forms:
@@ -112,7 +147,7 @@ def _form(expr: sympy.Expr, forms: dict, states: set, values: dict) -> _Form:
         bad = next((p for p in parts if not p.affine), None)
         if bad:
             return bad
-        conds = [c.xreplace(values) for _, c in expr.args]
+        conds = [_unfold(values.put(c), values.budget, {}) for _, c in expr.args]
         keys = {s for p in parts for s in p.coeffs}
         pick = lambda pieces: sympy.Piecewise(*zip(pieces, conds))  # noqa: E731
         return _Form({s: pick([p.coeffs.get(s, sympy.S.Zero) for p in parts]) for s in keys},
@@ -136,7 +171,15 @@ def analyse(ir: StepIR) -> Affine | str:
     states = set(ir.states)
     outputs = {sym: name for sym, name in zip(ir.outputs, ir.output_names)}
     forms: dict = {}
-    values: dict = {}
+    values = _Values()
+    try:
+        return _analyse(ir, states, outputs, forms, values)
+    except TooManyCases:
+        return (f"sequential: the conditions of the step's state-free values expand into more than "
+                f"{MAX_CONDITION_NODES} terms in the states' updates")
+
+
+def _analyse(ir: StepIR, states: set, outputs: dict, forms: dict, values: _Values) -> Affine | str:
     for sym, expr in ir.assignments:
         form = _form(expr, forms, states, values)
         if not form.affine and not form.output and sym in outputs and sym not in ir.next_states:

@@ -223,12 +223,12 @@ TABLE = [
       "cannot assign the parameter 'tau'", id="assign-parameter"),
     P("neuron: n\nstates: {vé: 0}\nstep:\n  s: spike(x)\n", 2, 10, "not a valid identifier",
       id="non-ascii-name"),
-    # -- comparisons outside where ---------------------------------------------------------------------
-    P(expr("v > 1"), 5, 12, "only allowed as the condition of where", id="comparison-in-spike"),
-    P(step("v >= 1"), 5, 6, "only allowed as the condition of where", id="comparison-as-value"),
-    P(expr("where(v > 1, x > 0, 0)"), 5, 25, "only allowed as the condition of where",
-      id="comparison-as-where-value"),
-    P(expr("(v > 1) & (x < 0)"), 5, 12, "only allowed as the condition of where", id="and-outside-where"),
+    # -- comparisons as values (1 or 0): & and | join comparisons only -----------------------------------
+    P(expr("(v > 1) & x"), 5, 22, "& and | join comparisons", id="and-of-a-value"),
+    P(expr("x | (v > 1)"), 5, 12, "& and | join comparisons", id="or-of-a-value"),
+    P(expr("where(v > 1, x > 0, 0) & 1"), 5, 12, "& and | join comparisons", id="and-of-a-where"),
+    P(expr("heaviside(v, 0.5, 1)"), 5, 12, "heaviside() takes 1 or 2 arguments, got 3", id="heaviside-arity"),
+    P(expr("sign()"), 5, 12, "sign() takes 1 argument, got 0", id="sign-arity"),
     P(expr("where(v, 1, 0)"), 5, 18, "must be a comparison", id="where-condition-not-comparison"),
     P(expr("where((v > 1) and (x < 0), 1, 0)"), 5, 18, "`and`/`or` are not part of the language",
       id="python-and-in-where"),

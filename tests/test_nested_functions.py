@@ -1,5 +1,5 @@
-"""Language v4 section 1: min, max, clip, abs, relu, where and comparisons nested anywhere an expression
-may stand (step lines, spike arguments, `equations`, `threshold`, `reset`, refractory `condition`, a spike
+"""Language v4 section 1: min, max, clip, abs, relu, sign, heaviside, where and comparisons (as conditions and
+as values) nested anywhere an expression may stand (step lines, spike arguments, `equations`, `threshold`, `reset`, refractory `condition`, a spike
 argument with a learnable parameter) build and run forward and backward on both backends, which agree;
 random specs from the grammar (seeded), and hand-written cases against hand-written torch steps."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ SPECS = int(os.environ.get("FLEXSN_NESTED_SPECS", "20"))  # random specs per kin
 # comparisons meet exact ties (x == 0.5, h == v), and both backends must take the same branch there
 GRID = [-2.0, -1.5, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0]
 NUMBERS = ["0", "0.5", "-1", "1.5", "0.25", "-0.5", "2"]
-CONDITIONAL = ["min", "max", "clip", "abs", "relu", "where"]
+CONDITIONAL = ["min", "max", "clip", "abs", "relu", "where", "sign", "heaviside", "compare"]
 COMPARISONS = ["<", "<=", ">", ">=", "==", "!="]
 
 
@@ -45,8 +45,12 @@ class Grammar:
         if kind == "clip":
             lo = rng.choice(["-1", "-0.5", "0", "c"])
             return f"clip({e()}, {lo}, {rng.choice(['1', '1.5', '2'])})"
-        if kind in ("abs", "relu", "tanh"):
+        if kind in ("abs", "relu", "tanh", "sign"):
             return f"{kind}({e()})"
+        if kind == "heaviside":  # 1 at 0, or numpy's value h0 there
+            return f"heaviside({e()})" if rng.random() < 0.5 else f"heaviside({e()}, {rng.choice(['0.5', '0', 'a'])})"
+        if kind == "compare":  # a comparison as a value: 1 or 0
+            return f"({self.condition(depth - 1)})"
         if kind == "where":
             return f"where({self.condition(depth - 1)}, {e()}, {e()})"
         if kind == "*":
@@ -88,9 +92,9 @@ def continuous_spec(seed: int) -> str:
     condition (or period)."""
     rng = random.Random(seed)
     g = Grammar(rng, ["x", "v", "w", "a", "c"])
-    threshold = g.comparison(2, [">=", ">"]) if rng.random() < 0.5 else g.expr(2)
+    threshold = f"v {rng.choice(['>=', '>'])} {g.expr(2)}" if rng.random() < 0.5 else f"v - {g.expr(2)}"  # (on v)
     refractory = rng.choice(["", "refractory: {period: 1.0}\n",
-                             f"refractory: {{condition: {g.condition(2, ['<', '<=', '>', '>='])}, hold: [w]}}\n"])
+                             f"refractory:\n  condition: {g.condition(2, ['<', '<=', '>', '>='])}\n  hold: [w]\n"])
     return f"""\
 neuron: nest_ct_{seed}
 inputs: [x]
