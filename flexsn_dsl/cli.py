@@ -11,8 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .console import (UsageError, add_spec_options, at_least, escaped_output, parse_params, parse_sizes,
-                      refuse_overwriting_inputs, table)
+from .console import (UsageError, add_spec_options, at_least, check_size_names, escaped_output, parse_params,
+                      parse_sizes, refuse_overwriting_inputs, table)
 from .errors import MissingDependency, NIRError, ShapeError, SpecError, SpecWarning, printable
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -80,6 +80,7 @@ def cmd_check(args) -> int:
     for problem in problems:
         print(problem.format(), file=sys.stderr)
     failed = len(problems)
+    models = []
     for path in specs:
         try:
             with warnings.catch_warnings():
@@ -90,11 +91,22 @@ def cmd_check(args) -> int:
             print(exc.format(), file=sys.stderr)
             continue
         m = compiled.model
+        models.append(m)
         for warning in m.warnings:
             print(warning.format(), file=sys.stderr)
         print(f"ok  {printable(path)}  neuron {m.name}: inputs {m.inputs}, states {list(m.states)}, "
               f"outputs {[n for n, _ in m.outputs]}, surrogate {m.surrogate.name}")
-    return 1 if failed else 0
+    return 1 if failed or not _sizes_known(args, models) else 0
+
+
+def _sizes_known(args, models: list) -> bool:
+    """Whether every --size names a size of one of ``models`` (else the error is printed)."""
+    try:
+        check_size_names(parse_sizes(args.size), models)
+    except SpecError as exc:
+        print(exc.format(), file=sys.stderr)
+        return False
+    return True
 
 
 def cmd_build(args) -> int:
@@ -111,11 +123,13 @@ def cmd_build(args) -> int:
                             hint="give -o a folder that can be created and written") from None
     rows, failed = [], len(problems)
     built: dict[str, Path] = {}  # neuron name -> the spec it was built from
+    models = []
     for index, path in enumerate(specs, 1):
         print(f"[{index}/{len(specs)}] {printable(path)} ...", end="", flush=True, file=sys.stderr)
         start = time.perf_counter()
         try:
             compiled = _compile(path, args)
+            models.append(compiled.model)
             name = compiled.model.name
             if name in built:
                 raise SpecError(f"neuron {name!r} is also built from {built[name]}: their files in {out} would "
@@ -147,7 +161,7 @@ def cmd_build(args) -> int:
         print(table(rows, ["spec", "neuron", "inputs", "states", "outputs", "learnable", "saved/step", "kernels",
                             "s"]))
     print(f"{len(specs) + len(problems) - failed} built, {failed} failed; output in {printable(out)}/", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or not _sizes_known(args, models) else 0
 
 
 def _saved_labels(info) -> list[str]:
@@ -162,6 +176,7 @@ def cmd_show(args) -> int:
     from .symbolic import language_text
     from .templates import kernel_source
     compiled = _compile(Path(args.spec), args)
+    check_size_names(parse_sizes(args.size), [compiled.model])
     what = args.kernel
     if what == "model":
         m = compiled.model
@@ -248,6 +263,7 @@ def cmd_simulate(args) -> int:
     refuse_overwriting_inputs({"--csv": args.csv, "--plot": args.plot}, [args.spec, *arrays, *args.plugin])
     module = load(args.spec, params=parse_params(args.param), sizes=parse_sizes(args.size), backend="torch",
                   plugins=args.plugin, passes=args.passes)
+    check_size_names(parse_sizes(args.size), [module.spec])
     names = module.spec.inputs
     seed = args.seed
     if seed is None and module._compiled.model.draws:
@@ -365,6 +381,7 @@ def cmd_nir(args) -> int:
             from .runtime import load
             module = load(args.spec, params=parse_params(args.param), backend="torch", plugins=args.plugin,
                           sizes=parse_sizes(args.size))
+            check_size_names(parse_sizes(args.size), [module.spec])
             shape = _shape(args.shape)
             import torch
             graph = nir_module.to_nir(module, torch.zeros(1, 2, *shape), dt=args.dt)

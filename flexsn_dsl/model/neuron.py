@@ -147,6 +147,13 @@ class NeuronModel:
         return [p.name for p in self.parameters.values() if p.shaped]
 
     @property
+    def size_names(self) -> list[str]:
+        """The sizes that ``sizes=`` (``--size``) may give: those named in parameter shapes, and N
+        of a recurrent weight [N, N]."""
+        names = [d for p in self.parameters.values() if p.shaped for d in p.shape if isinstance(d, str)]
+        return list(dict.fromkeys(names + (["N"] if self.recurrent else [])))
+
+    @property
     def runtime_params(self) -> list[str]:
         """Parameters passed to the kernels at run time (learnable or shaped); the other
         (scalar, constant) ones are baked into the generated code."""
