@@ -261,9 +261,11 @@ def cmd_simulate(args) -> int:
         raise UsageError(f"--seed {args.seed}: give a whole number below 2**63")
     arrays = [item.partition("=")[2] or item for item in args.input if item.endswith(".npy")]
     refuse_overwriting_inputs({"--csv": args.csv, "--plot": args.plot}, [args.spec, *arrays, *args.plugin])
-    module = load(args.spec, params=parse_params(args.param), sizes=parse_sizes(args.size), backend="torch",
+    sizes = parse_sizes(args.size)
+    defaults = _compile(Path(args.spec), args).model.simulate  # the spec's `simulate:` (the same model load makes)
+    check_size_names(sizes, [_compile(Path(args.spec), args).model])
+    module = load(args.spec, params=parse_params(args.param), sizes={**defaults.sizes, **sizes}, backend="torch",
                   plugins=args.plugin, passes=args.passes)
-    check_size_names(parse_sizes(args.size), [module.spec])
     names = module.spec.inputs
     seed = args.seed
     if seed is None and module._compiled.model.draws:
@@ -273,11 +275,14 @@ def cmd_simulate(args) -> int:
         if args.fi:
             if args.input:
                 raise ValueError("--fi sweeps constant inputs itself: leave out --input")
-            steps = args.steps or sim_module.DEFAULT_STEPS
+            steps = args.steps or defaults.steps or sim_module.DEFAULT_STEPS
             levels, rates = sim_module.fi_curve(module, sim_module.parse_sweep(args.fi), steps=steps, seed=seed)
             print(f"{module.spec.name}: f-I curve over {steps} steps from reset states (input {names[0]})")
             print(table([[f"{c:g}", f"{r:.4f}"] for c, r in zip(levels.tolist(), rates.tolist())],
                          [names[0], "rate (spikes/step)"]))
+            if not rates.any():
+                print(f"hint: no spike at any of these inputs over {steps} steps: sweep stronger ones (--fi LO:HI:K) "
+                      "or run more steps (--steps T)")
             if args.csv:
                 with open(args.csv, "w", encoding="utf-8") as f:
                     f.write(f"{names[0]},rate\n" + "".join(f"{c!r},{r!r}\n" for c, r in zip(levels.tolist(),
@@ -285,9 +290,11 @@ def cmd_simulate(args) -> int:
             if args.plot:
                 sim_module.plot_fi(module.spec.name, levels, rates, args.plot, names[0], steps)
         else:
-            drives = dict(_drive(item, names) for item in args.input) or {names[0]: 1.0}
+            drives = dict(_drive(item, names) for item in args.input) or dict(defaults.drive) or {names[0]: 1.0}
             sim = sim_module.simulate(module, drives, steps=args.steps, neurons=args.neurons, seed=seed)
             _print_simulation(sim, drives)
+            if sim.spikes is not None and not sim.spikes.any():
+                print(_no_spike_hint(module, sim, drives, seed))
             if args.csv:
                 sim.to_csv(args.csv)
             if args.plot:
@@ -326,6 +333,21 @@ def _print_simulation(sim, drives: dict) -> None:
     print(table(rows, header))
     if shown < sim.neurons:
         print(f"... and {sim.neurons - shown} more neurons")
+
+
+def _no_spike_hint(module, sim, drives: dict, seed: int | None) -> str:
+    """What to change when no neuron spiked: the drive (the first doubling of it that spikes, when one
+    constant input is driven) or the steps."""
+    from .simulation import SEARCH_DOUBLINGS, spiking_drive
+    (name, level), = drives.items() if len(drives) == 1 else ((None, None),)
+    if not isinstance(level, float):
+        return f"hint: no spike over {sim.steps} steps: give a stronger drive (--input) or more steps (--steps T)"
+    found = spiking_drive(module, name, level, sim.steps, seed)
+    if found is None:
+        return (f"hint: no spike at {name} = {level:g} over {sim.steps} steps, nor at up to {2 ** SEARCH_DOUBLINGS} "
+                f"times that: give another drive (--input {name}=VALUE) or more steps (--steps T)")
+    return f"hint: no spike at {name} = {level:g} over {sim.steps} steps: {name} = {found:g} spikes (--input " \
+        f"{name}={found:g}), or give more steps (--steps T)"
 
 
 def cmd_plugins(args) -> int:
