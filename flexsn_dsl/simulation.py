@@ -29,7 +29,7 @@ MAX_SWEEP = 100_000  # constant inputs an f-I curve simulates at once
 SEARCH_DOUBLINGS = 12  # spiking_drive tries the drive times 2, 4, ..., 4096
 
 
-@dataclass
+@dataclass(repr=False)
 class Simulation:
     """What a neuron did: every input, state and output as a ``[T, N]`` tensor (step t holds the
     state after step t), and the name of the spike output (None when no output is a spike)."""
@@ -62,6 +62,11 @@ class Simulation:
     def rate(self) -> torch.Tensor | None:
         """Spikes per step, per neuron ``[N]``."""
         return None if self.spikes is None else self.spikes.sum(0) / max(self.steps, 1)
+
+    def __repr__(self) -> str:
+        spikes = "" if self.spike_count is None else f", {self.spike_output}: {int(self.spike_count.sum())} spikes"
+        return (f"Simulation({self.neuron!r}, {self.steps} steps x {self.neurons} neurons, inputs {list(self.inputs)}, "
+                f"states {list(self.states)}, outputs {list(self.outputs)}{spikes})")
 
     def columns(self) -> dict[str, torch.Tensor]:
         """Every trace by name: inputs, then states, then outputs that are neither."""
