@@ -98,6 +98,16 @@ def check_size_names(sizes: Mapping[str, int], models: Sequence) -> None:
         raise SpecError(f"--size {unknown[0]}={sizes[unknown[0]]}: {whose} size {unknown[0]!r} ({known_text})")
 
 
+def compile_with_options(path: os.PathLike | str, args: argparse.Namespace):
+    """Compile a spec with the command's --param, --plugin and --pass; check its --size values."""
+    from .compiler import compile_spec
+    from .ir import resolve_shapes
+    compiled = compile_spec(path, params=parse_params(args.param), plugins=args.plugin,
+                            passes=getattr(args, "passes", []))
+    resolve_shapes(compiled.model, parse_sizes(args.size), {}, require=False)
+    return compiled
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     """Rows as left-aligned text columns under a header and a rule."""
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
