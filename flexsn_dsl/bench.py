@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .console import UsageError, add_spec_options, at_least, parse_params, parse_sizes, refuse_overwriting_inputs
+from .console import (UsageError, add_spec_options, at_least, check_size_names, parse_params, parse_sizes,
+                      refuse_overwriting_inputs)
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODES = ("inference", "training")
@@ -423,6 +424,10 @@ def run_bench(args) -> list[Result]:
 
     from .runtime import load
 
+    params, sizes = parse_params(args.param), parse_sizes(args.size)
+    if sizes:
+        from .compiler import compile_spec
+        check_size_names(sizes, [compile_spec(spec, params=params, plugins=args.plugin).model for spec in args.specs])
     device = _device(args.device)
     timer = _timer(device)
     graph_timer = graph_replay_ms if device.type == "cuda" else None  # kernel time without Python launch overhead
@@ -431,7 +436,6 @@ def run_bench(args) -> list[Result]:
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}; "
           f"copy bandwidth {bandwidth / 1e12:.3f} TB/s{'; ' + launch if launch else ''}", file=sys.stderr)
     results: list[Result] = []
-    params, sizes = parse_params(args.param), parse_sizes(args.size)
     for spec in args.specs:
         ours = load(spec, params=params, sizes=sizes, plugins=args.plugin, backend="triton").to(device)
         recomputing = load(spec, params=params, sizes=sizes, plugins=args.plugin, backend="triton",

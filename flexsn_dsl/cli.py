@@ -11,8 +11,9 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .console import (UsageError, add_spec_options, at_least, escaped_output, parse_params, parse_sizes,
-                      refuse_overwriting_inputs, table)
+from .cli_simulate import cmd_simulate
+from .console import (UsageError, add_spec_options, at_least, check_size_names, compile_with_options, escaped_output,
+                      parse_params, parse_sizes, refuse_overwriting_inputs, table)
 from .errors import MissingDependency, NIRError, ShapeError, SpecError, SpecWarning, printable
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -58,16 +59,6 @@ def _missing_hint(path: Path) -> str:
     return "give a spec file or a folder of specs"
 
 
-def _compile(path: Path, args):
-    """Compile a spec with the command's --param, --plugin and --pass; check its --size names."""
-    from .compiler import compile_spec
-    from .ir import resolve_shapes
-    compiled = compile_spec(path, params=parse_params(args.param), plugins=args.plugin,
-                            passes=getattr(args, "passes", []))
-    resolve_shapes(compiled.model, parse_sizes(args.size), {}, require=False)
-    return compiled
-
-
 def _warn_plugins(args) -> None:
     from .plugins import get_plugins
     for error in get_plugins(args.plugin, warn=False).errors:
@@ -80,22 +71,34 @@ def cmd_check(args) -> int:
     for problem in problems:
         print(problem.format(), file=sys.stderr)
     failed = len(problems)
+    models = []
     for path in specs:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SpecWarning)  # printed below, once, in the same form as errors
-                compiled = _compile(path, args)
+                compiled = compile_with_options(path, args)
                 compiled.lower()
         except SpecError as exc:
             failed += 1
             print(exc.format(), file=sys.stderr)
             continue
         m = compiled.model
+        models.append(m)
         for warning in m.warnings:
             print(warning.format(), file=sys.stderr)
         print(f"ok  {printable(path)}  neuron {m.name}: inputs {m.inputs}, states {list(m.states)}, "
               f"outputs {[n for n, _ in m.outputs]}, surrogate {m.surrogate.name}")
-    return 1 if failed else 0
+    return 1 if failed or not _sizes_known(args, models) else 0
+
+
+def _sizes_known(args, models: list) -> bool:
+    """Whether every --size names a size of one of ``models`` (else the error is printed)."""
+    try:
+        check_size_names(parse_sizes(args.size), models)
+    except SpecError as exc:
+        print(exc.format(), file=sys.stderr)
+        return False
+    return True
 
 
 def cmd_build(args) -> int:
@@ -112,11 +115,13 @@ def cmd_build(args) -> int:
                             hint="give -o a folder that can be created and written") from None
     rows, failed = [], len(problems)
     built: dict[str, Path] = {}  # neuron name -> the spec it was built from
+    models = []
     for index, path in enumerate(specs, 1):
         print(f"[{index}/{len(specs)}] {printable(path)} ...", end="", flush=True, file=sys.stderr)
         start = time.perf_counter()
         try:
-            compiled = _compile(path, args)
+            compiled = compile_with_options(path, args)
+            models.append(compiled.model)
             name = compiled.model.name
             if name in built:
                 raise SpecError(f"neuron {name!r} is also built from {built[name]}: their files in {out} would "
@@ -148,7 +153,7 @@ def cmd_build(args) -> int:
         print(table(rows, ["spec", "neuron", "inputs", "states", "outputs", "learnable", "saved/step", "kernels",
                             "s"]))
     print(f"{len(specs) + len(problems) - failed} built, {failed} failed; output in {printable(out)}/", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or not _sizes_known(args, models) else 0
 
 
 def _saved_labels(info) -> list[str]:
@@ -162,7 +167,8 @@ def cmd_show(args) -> int:
     from .parallel import verdict
     from .symbolic import language_text
     from .templates import kernel_source
-    compiled = _compile(Path(args.spec), args)
+    compiled = compile_with_options(Path(args.spec), args)
+    check_size_names(parse_sizes(args.size), [compiled.model])
     what = args.kernel
     if what == "model":
         m = compiled.model
@@ -209,108 +215,6 @@ def cmd_show(args) -> int:
     else:
         print(kernel_source(compiled.cores, what))
     return 0
-
-
-def _drive(item: str, names: list[str]) -> tuple[str, object]:
-    """``[NAME=]VALUE`` or ``[NAME=]FILE.npy`` -> (input name, number or array)."""
-    import numpy as np
-    name, sep, value = item.partition("=")
-    if not sep or not name.strip().isidentifier():
-        name, value = names[0], item
-    name = name.strip()
-    if name not in names:
-        raise SpecError(f"--input {item!r}: the neuron has no input {name!r}", hint=f"its inputs are {names}")
-    try:
-        drive = float(value)
-    except ValueError:
-        if not value.endswith(".npy"):
-            raise SpecError(f"--input {item!r} is not a number or a .npy file",
-                            hint="e.g. --input 1.5, --input x=1.5 or --input drive.npy (shape [T] or [T, N])") from None
-        try:
-            drive = np.load(value, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise SpecError(f"--input {item!r}: cannot read {printable(value)}: {exc}",
-                            hint="give a .npy file written by numpy.save, of shape [T] or [T, N]") from None
-    if np.asarray(drive).dtype.kind not in "biuf" or not np.isfinite(drive).all():
-        raise SpecError(f"--input {item!r} holds a value that is not a finite real number", hint="give finite numbers")
-    return name, drive
-
-
-def cmd_simulate(args) -> int:
-    """Run a spec on a driving input; print spike counts, rates and final states; plot or write CSV."""
-    from . import simulation as sim_module
-    from .runtime import load
-    at_least("--steps", args.steps, 1)
-    at_least("--neurons", args.neurons, 1)
-    at_least("--seed", args.seed, 0)
-    if args.seed is not None and args.seed >= 2 ** 63:
-        raise UsageError(f"--seed {args.seed}: give a whole number below 2**63")
-    arrays = [item.partition("=")[2] or item for item in args.input if item.endswith(".npy")]
-    refuse_overwriting_inputs({"--csv": args.csv, "--plot": args.plot}, [args.spec, *arrays, *args.plugin])
-    module = load(args.spec, params=parse_params(args.param), sizes=parse_sizes(args.size), backend="torch",
-                  plugins=args.plugin, passes=args.passes)
-    names = module.spec.inputs
-    seed = args.seed
-    if seed is None and module._compiled.model.draws:
-        seed = int.from_bytes(os.urandom(4), "little")
-        print(f"{module.spec.name} draws random numbers: seed {seed} (repeat the run with --seed {seed})")
-    try:
-        if args.fi:
-            if args.input:
-                raise ValueError("--fi sweeps constant inputs itself: leave out --input")
-            steps = args.steps or sim_module.DEFAULT_STEPS
-            levels, rates = sim_module.fi_curve(module, sim_module.parse_sweep(args.fi), steps=steps, seed=seed)
-            print(f"{module.spec.name}: f-I curve over {steps} steps from reset states (input {names[0]})")
-            print(table([[f"{c:g}", f"{r:.4f}"] for c, r in zip(levels.tolist(), rates.tolist())],
-                         [names[0], "rate (spikes/step)"]))
-            if args.csv:
-                with open(args.csv, "w", encoding="utf-8") as f:
-                    f.write(f"{names[0]},rate\n" + "".join(f"{c!r},{r!r}\n" for c, r in zip(levels.tolist(),
-                                                                                       rates.tolist())))
-            if args.plot:
-                sim_module.plot_fi(module.spec.name, levels, rates, args.plot, names[0], steps)
-        else:
-            drives = dict(_drive(item, names) for item in args.input) or {names[0]: 1.0}
-            sim = sim_module.simulate(module, drives, steps=args.steps, neurons=args.neurons, seed=seed)
-            _print_simulation(sim, drives)
-            if args.csv:
-                sim.to_csv(args.csv)
-            if args.plot:
-                sim_module.plot_simulation(sim, args.plot)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
-    except OSError as exc:
-        raise SpecError(f"cannot write {printable(exc.filename)}: {exc.strerror or exc}",
-                        hint="give a path that can be written") \
-            from None
-    for what, path in (("rates" if args.fi else "traces", args.csv), ("plot", args.plot)):
-        if path:
-            print(f"{what} written to {printable(path)}")
-    return 0
-
-
-def _print_simulation(sim, drives: dict) -> None:
-    described = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} from an array" for k, v in drives.items())
-    print(f"{sim.neuron}: {sim.steps} steps, {sim.neurons} neuron(s), input {described}")
-    if sim.spikes is None:
-        print("no spike output (no output is bound to spike(...))")
-    else:
-        total = int(sim.spike_count.sum())
-        print(f"spikes ({sim.spike_output}): {total}, rate {total / max(sim.steps * sim.neurons, 1):.4f} per step "
-              "and neuron")
-    shown = min(sim.neurons, 10)
-    rows = []
-    for n in range(shown):
-        row = [str(n)]
-        if sim.spikes is not None:
-            row += [f"{int(sim.spike_count[n])}", f"{float(sim.rate[n]):.4f}"]
-        row += [f"{float(v[-1, n]):.6g}" if sim.steps else "-" for v in sim.states.values()]
-        rows.append(row)
-    header = ["neuron"] + (["spikes", "rate"] if sim.spikes is not None else []) + \
-        [f"{name} (final)" for name in sim.states]
-    print(table(rows, header))
-    if shown < sim.neurons:
-        print(f"... and {sim.neurons - shown} more neurons")
 
 
 def cmd_plugins(args) -> int:
@@ -366,6 +270,7 @@ def cmd_nir(args) -> int:
             from .runtime import load
             module = load(args.spec, params=parse_params(args.param), backend="torch", plugins=args.plugin,
                           sizes=parse_sizes(args.size))
+            check_size_names(parse_sizes(args.size), [module.spec])
             shape = _shape(args.shape)
             import torch
             graph = nir_module.to_nir(module, torch.zeros(1, 2, *shape), dt=args.dt)

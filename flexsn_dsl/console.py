@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import sys
-from typing import Iterator, Sequence, TextIO
+from typing import Iterator, Mapping, Sequence, TextIO
 
 from .errors import SpecError
 
@@ -84,6 +84,28 @@ def parse_sizes(items: Sequence[str]) -> dict[str, int]:
             raise SpecError(f"--size {item!r} is not NAME=WHOLE_NUMBER", hint="e.g. --size C=64")
         out[name.strip()] = int(value)
     return out
+
+
+def check_size_names(sizes: Mapping[str, int], models: Sequence) -> None:
+    """A SpecError for a ``--size`` name that none of ``models`` (NeuronModels) uses."""
+    known = list(dict.fromkeys(n for m in models for n in m.size_names))
+    unknown = [name for name in sizes if name not in known]
+    if unknown and models:
+        single = len(models) == 1
+        whose = f"{models[0].name} has no" if single else "none of the specs has a"
+        known_text = f"{'its' if single else 'their'} sizes: {', '.join(known)}" if known else \
+            f"{'it has' if single else 'they have'} no parameter with a shape"
+        raise SpecError(f"--size {unknown[0]}={sizes[unknown[0]]}: {whose} size {unknown[0]!r} ({known_text})")
+
+
+def compile_with_options(path: os.PathLike | str, args: argparse.Namespace):
+    """Compile a spec with the command's --param, --plugin and --pass; check its --size values."""
+    from .compiler import compile_spec
+    from .ir import resolve_shapes
+    compiled = compile_spec(path, params=parse_params(args.param), plugins=args.plugin,
+                            passes=getattr(args, "passes", []))
+    resolve_shapes(compiled.model, parse_sizes(args.size), {}, require=False)
+    return compiled
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

@@ -29,5 +29,8 @@ class PerStep(nn.Module):
             raise TypeError("PerStep needs at least one layer, e.g. PerStep(nn.Conv2d(3, 8, 3))")
         self.layer = layers[0] if len(layers) == 1 else nn.Sequential(*layers)
 
+    def extra_repr(self) -> str:
+        return "time folded into the batch: [T, B, ...] -> [T*B, ...]"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.unflatten(self.layer(x.flatten(0, 1)), 0, x.shape[:2])  # (the function: no Python wrapper)

@@ -78,6 +78,13 @@ class Monitor:
                 seqs.setdefault(state, []).append(steps(values))
         return record
 
+    def __repr__(self) -> str:
+        recording = "recording" if self._hooks else "not recording"
+        layers = list(self._layers) if self._layers else list(neuron_layers(self.net))
+        steps = {name: sum(parts[0].shape[0] for parts in calls) for name, calls in self._outputs.items()}
+        return (f"Monitor({type(self.net).__name__}, {recording}, layers={[n or '(net)' for n in layers]}, "
+                f"steps={ {n or '(net)': t for n, t in steps.items()} })")
+
     def clear(self) -> None:
         """Forget what was recorded."""
         self._outputs.clear()

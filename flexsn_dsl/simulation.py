@@ -18,6 +18,7 @@ import torch
 
 from .errors import MissingDependency
 from .model import SPIKE_OUTPUT
+from .compiler import compile_spec
 from .runtime import FlexSN, load
 from .symbolic import Spike
 
@@ -25,9 +26,10 @@ Drive = Union[float, np.ndarray, torch.Tensor, Sequence[float]]
 DEFAULT_STEPS = 100
 MAX_TRACED = 10  # neurons whose traces a plot draws
 MAX_SWEEP = 100_000  # constant inputs an f-I curve simulates at once
+SEARCH_DOUBLINGS = 12  # spiking_drive tries the drive times 2, 4, ..., 4096
 
 
-@dataclass
+@dataclass(repr=False)
 class Simulation:
     """What a neuron did: every input, state and output as a ``[T, N]`` tensor (step t holds the
     state after step t), and the name of the spike output (None when no output is a spike)."""
@@ -60,6 +62,11 @@ class Simulation:
     def rate(self) -> torch.Tensor | None:
         """Spikes per step, per neuron ``[N]``."""
         return None if self.spikes is None else self.spikes.sum(0) / max(self.steps, 1)
+
+    def __repr__(self) -> str:
+        spikes = "" if self.spike_count is None else f", {self.spike_output}: {int(self.spike_count.sum())} spikes"
+        return (f"Simulation({self.neuron!r}, {self.steps} steps x {self.neurons} neurons, inputs {list(self.inputs)}, "
+                f"states {list(self.states)}, outputs {list(self.outputs)}{spikes})")
 
     def columns(self) -> dict[str, torch.Tensor]:
         """Every trace by name: inputs, then states, then outputs that are neither."""
@@ -113,7 +120,7 @@ def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtyp
     tensor = torch.as_tensor(np.asarray(value, dtype=np.float64) if not isinstance(value, torch.Tensor) else value,
                              dtype=dtype, device=device)
     if tensor.dim() == 0:
-        return tensor.expand(steps if steps is not None else DEFAULT_STEPS, neurons or 1).clone()
+        return tensor.expand(steps, neurons or 1).clone()
     if tensor.dim() == 1:
         tensor = tensor[:, None].expand(-1, neurons or 1)
     if tensor.dim() != 2:
@@ -129,7 +136,8 @@ def _drive(value: Drive, name: str, steps: int | None, neurons: int | None, dtyp
     return tensor.clone()
 
 
-def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive] = 1.0, steps: int | None = None,
+def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive] | None = None,
+             steps: int | None = None,
              params: Mapping[str, float] | None = None, neurons: int | None = None, *,
              dtype: torch.dtype = torch.float64, plugins: Iterable[str] = (), passes: Iterable[str] = (),
              sizes: Mapping[str, int] | None = None, seed: int | None = None) -> Simulation:
@@ -138,7 +146,8 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     ``spec`` is a spec file (run on the torch backend in ``dtype``) or a loaded :class:`FlexSN`
     (run as it is, from reset states). ``input`` drives the first input, or is a dict
     ``{input name: drive}`` (inputs left out get 0); a drive is a number (held for ``steps``
-    steps, default 100), or an array of shape ``[T]`` (every neuron) or ``[T, N]``.
+    steps), or an array of shape ``[T]`` (every neuron) or ``[T, N]``. Left out, the drive, the
+    steps and the sizes are the spec's ``simulate:`` defaults, else 1.0 for the first input and 100 steps.
     ``neurons`` is N (default: the drive's N, else 1). ``params`` overrides parameter values and
     ``sizes`` gives the sizes named in parameter shapes. A spec whose shaped parameters fix the
     shape of a step (``tau`` of shape ``[N]``, a recurrent ``[N, N]`` weight, ``w`` of shape
@@ -158,8 +167,10 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
         module = spec
         dtype = next((p.dtype for p in module.parameters()), dtype)
     else:
+        defaults = compile_spec(spec, plugins=plugins, passes=passes).model.simulate
         with torch.device("cpu"):
-            module = load(spec, params=params, sizes=sizes, backend="torch", plugins=plugins, passes=passes)
+            module = load(spec, params=params, sizes={**defaults.sizes, **(sizes or {})}, backend="torch",
+                          plugins=plugins, passes=passes)
     layout = neuron_shape(module)
     if layout is not None:
         fixed = math.prod(layout)
@@ -168,6 +179,11 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
                              f"but neurons={neurons} was asked for: leave neurons out, or change the sizes")
         neurons = fixed
     names = module.spec.inputs
+    defaults = module.spec.simulate
+    if input is None:
+        input = defaults.drive or {names[0]: 1.0}
+    if steps is None and all(np.ndim(v) == 0 for v in (input.values() if isinstance(input, Mapping) else [input])):
+        steps = defaults.steps or DEFAULT_STEPS
     drives = dict(input) if isinstance(input, Mapping) else {names[0]: input}
     for name in drives:
         if name not in names:
@@ -197,17 +213,34 @@ def simulate(spec: str | os.PathLike | FlexSN, input: Drive | Mapping[str, Drive
     return Simulation(module.spec.name, xs, states, outputs, spike_output(module))
 
 
-def fi_curve(spec: str | os.PathLike | FlexSN, currents: Drive, steps: int = DEFAULT_STEPS,
+def fi_curve(spec: str | os.PathLike | FlexSN, currents: Drive, steps: int | None = None,
              params: Mapping[str, float] | None = None, input_name: str | None = None,
              **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The firing rate (spikes per step over ``steps`` steps, from reset states) for each constant
-    input in ``currents``, all simulated at once as one neuron each: ``(currents, rates)``."""
+    """The firing rate (spikes per step over ``steps`` steps, from reset states; default: the spec's
+    ``simulate: {steps}``, else 100) for each constant input in ``currents``, all simulated at once as
+    one neuron each: ``(currents, rates)``."""
     levels = torch.as_tensor(np.asarray(currents, dtype=np.float64)).reshape(-1)
+    if steps is None:
+        model = spec.spec if isinstance(spec, FlexSN) else compile_spec(spec, plugins=kwargs.get("plugins", ()),
+                                                                        passes=kwargs.get("passes", ())).model
+        steps = model.simulate.steps or DEFAULT_STEPS
     drive = levels[None, :].expand(steps, -1)
     sim = simulate(spec, {input_name: drive} if input_name else drive, params=params, **kwargs)
     if sim.rate is None:
         raise ValueError(f"{sim.neuron} has no spike output (no output is bound to spike(...)): no firing rate")
     return levels, sim.rate
+
+
+def spiking_drive(module: FlexSN, name: str, level: float, steps: int, seed: int | None = None) -> float | None:
+    """The first of ``level`` times 2, 4, ..., 2**SEARCH_DOUBLINGS (1 for 0) held on input ``name`` (the
+    others 0) for ``steps`` steps from reset states that makes the neuron spike; None when none does,
+    or when its shaped parameters fix the number of neurons (no room for one neuron per level)."""
+    if neuron_shape(module) is not None or spike_output(module) is None:
+        return None
+    levels = (level or 1.0) * 2.0 ** np.arange(1, SEARCH_DOUBLINGS + 1)
+    _, rates = fi_curve(module, levels, steps=steps, input_name=name, seed=seed)
+    spiking = torch.nonzero(rates > 0).reshape(-1)
+    return float(levels[int(spiking[0])]) if len(spiking) else None
 
 
 def parse_sweep(text: str) -> np.ndarray:

@@ -32,6 +32,14 @@ class Node:
     style: str | None = None  # scalar style: None (plain), "'", '"', "|", ">"
     source: str | None = field(default=None, repr=False)  # the whole spec text (scalars only)
     span: tuple[int, int] = (0, 0)  # where the scalar's text lies in ``source``
+    flow: bool = False  # an item of a flow mapping or list ({a: 1, b: 2}, [a, b]), which YAML splits at commas
+
+    @property
+    def cut_at_comma(self) -> bool:
+        """Whether this is a plain item of a flow mapping or list that a comma ended (YAML splits
+        ``{v: min(a, b)}`` into ``v: min(a`` and a key ``b)``)."""
+        return self.flow and self.style is None and self.source is not None and \
+            self.source[self.span[1]:].lstrip(" \t\r\n").startswith(",")
 
     @property
     def kind(self) -> str:
@@ -163,7 +171,7 @@ class _Converter:
         self.count = 0
         self.active: set[int] = set()  # ids of the nodes being converted (recursive aliases)
 
-    def convert(self, node: yaml.Node, path: tuple[str, ...] = ()) -> Node:
+    def convert(self, node: yaml.Node, path: tuple[str, ...] = (), flow: bool = False) -> Node:
         self.count += 1
         pos = _mark_pos(self.file, node.start_mark)
         if self.count > MAX_NODES:
@@ -202,18 +210,18 @@ class _Converter:
                                                            "each key may appear once in a mapping; "
                                                            "remove or rename one"))
                     raise SpecError(message.format(key=key, line=first.line), kpos, hint.format(key=key))
-                out[key] = self.convert(value_node, path + (key,))
+                out[key] = self.convert(value_node, path + (key,), bool(node.flow_style))
                 key_pos[key] = kpos
             self.active.discard(id(node))
             return Node(out, pos, key_pos)
         if isinstance(node, yaml.SequenceNode):
             self.active.add(id(node))
-            items = [self.convert(item, path + ("[]",)) for item in node.value]
+            items = [self.convert(item, path + ("[]",), bool(node.flow_style)) for item in node.value]
             self.active.discard(id(node))
             return Node(items, pos)
         value = self._scalar(node, pos)
         return Node(value, pos, style=node.style, source=self.text,
-                    span=(node.start_mark.index, node.end_mark.index))
+                    span=(node.start_mark.index, node.end_mark.index), flow=flow)
 
     def _scalar(self, node: yaml.ScalarNode, pos: SourcePos):
         error = _number_text_error(node, pos)

@@ -275,6 +275,20 @@ TABLE = [
 ]
 
 
+def test_a_value_yaml_split_at_its_commas_gets_the_quoting_hint():
+    """Only an unbalanced value from an inline mapping or list gets the hint; the quoted value loads."""
+    split = "neuron: n\nstates: {v: 0.0}\nstep: {s: spike(v + x - 1), v: min(max(v, 0), 0.2)}\n"
+    with pytest.raises(flexsn_dsl.SpecError) as info:
+        flexsn_dsl.loads(split, filename="bad.yaml", backend="torch")
+    assert "split this value at its commas (it read `min(max(v`)" in info.value.hint
+    flexsn_dsl.loads(split.replace("v: min(max(v, 0), 0.2)", 'v: "min(max(v, 0), 0.2)"'), backend="torch")
+    for block in (BASE.replace("v: v * (1 - s) + x", "v: min(max(v, 0), 0.2"),
+                  "neuron: n\nstates: {v: 0.0}\nstep: {s: spike(v + x - 1), v: (v}\n"):
+        with pytest.raises(flexsn_dsl.SpecError) as info:
+            flexsn_dsl.loads(block, filename="bad.yaml", backend="torch")
+        assert "commas" not in info.value.hint, str(info.value)
+
+
 @pytest.mark.parametrize("text, line, col, fragment", TABLE)
 def test_bad_spec(text, line, col, fragment):
     with pytest.raises(flexsn_dsl.SpecError) as info:

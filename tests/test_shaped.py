@@ -18,6 +18,7 @@ import flexsn_dsl  # noqa: E402
 from flexsn_dsl import ShapeError, SpecError  # noqa: E402
 from flexsn_dsl.cli import main as cli_main  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ["torch", "triton"]
 F64 = torch.float64
 TIGHT = dict(rtol=1e-10, atol=1e-12)
@@ -293,3 +294,20 @@ def test_cli_sizes(capsys, tmp_path):
     assert cli_main(["bench", str(spec), "--size", "C=3", "--shape", "2", "3", "4", "5", "-T", "2",
                      "--peers", "torch", "--mode", "training", "--json", str(out)]) == 0
     assert math.prod((2, 3, 4, 5)) == __import__("json").loads(out.read_text())[-1]["results"][0]["neurons"]
+
+
+@pytest.mark.parametrize("command", [["check"], ["build", "-o", "OUT"], ["show"], ["simulate", "--steps", "2"],
+                                     ["nir", "export", "--shape", "3", "-o", "OUT/x.nir"],
+                                     ["bench", "-T", "2", "-n", "4", "--peers", "torch"]])
+def test_cli_refuses_a_size_the_spec_does_not_have(command, capsys, tmp_path):
+    """`--size M=3` for a spec with only N is one line naming the known sizes, in every verb that takes --size;
+    a size that only some of several specs have is fine."""
+    argv = [a.replace("OUT", str(tmp_path)) for a in command]
+    where = 2 if command[0] == "nir" else 1
+    hetero = str(ROOT / "neurons" / "lif_hetero.yaml")
+    assert cli_main([*argv[:where], hetero, *argv[where:], "--size", "N=3", "--size", "M=3"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "error: --size M=3: lif_hetero has no size 'M' (its sizes: N)", err
+    assert "Traceback" not in err and "internal error" not in err
+    if command[0] in ("check", "build"):
+        assert cli_main([*argv[:1], hetero, str(ROOT / "neurons" / "lif.yaml"), *argv[1:], "--size", "N=3"]) == 0

@@ -292,7 +292,8 @@ def test_li_equals_the_sequential_kernels(steps, monkeypatch):
 
 
 def test_long_sequences_equal_the_sequential_kernels(monkeypatch):
-    _compare(CUBA, monkeypatch, [1500], shape=(2, 2), chunk=64)
+    """Six chunks of 64 steps, the last one partial: the composed maps over many chunks stay within 1e-9."""
+    _compare(CUBA, monkeypatch, [330], shape=(2, 2), chunk=64)
 
 
 @pytest.mark.parametrize("seqs", [False, True])

@@ -41,9 +41,9 @@ outputs: [v, h]
 def _gradcheck_module(backend: str) -> None:
     m = flexsn_dsl.loads(SMOOTH, backend=backend).double()
     torch.manual_seed(0)
-    x = (torch.rand(4, 6, dtype=torch.float64) * 2 - 1).requires_grad_()
-    y = (torch.rand(4, 6, dtype=torch.float64) * 2 - 1).requires_grad_()
-    v0 = (torch.rand(6, dtype=torch.float64) * 2 - 1).requires_grad_()
+    x = (torch.rand(4, 3, dtype=torch.float64) * 2 - 1).requires_grad_()
+    y = (torch.rand(4, 3, dtype=torch.float64) * 2 - 1).requires_grad_()
+    v0 = (torch.rand(3, dtype=torch.float64) * 2 - 1).requires_grad_()
 
     def f(x, y, v0, tau):
         m.reset()

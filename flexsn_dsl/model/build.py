@@ -11,6 +11,7 @@ from ..names import generated_names
 from ..plugins import Plugins
 from ..source import parse_yaml, read_spec
 from .context import SpecContext
+from .defaults import read_simulate
 from .declarations import read_inputs, read_parameters, read_states
 from .equations import read_continuous
 from .language import CONTINUOUS_KEYS, REQUIRED_KEYS, SHADOWED_MODULES, SPIKE_OUTPUT, TOP_LEVEL_KEYS
@@ -75,6 +76,7 @@ class _Builder(SpecContext):
                             surrogate_params, steps, outputs, next_states, passes,
                             {k: self.key_pos(k) for k in top}, continuous, self.warnings, recurrent,
                             tuple(self.draws))
+        model.simulate = read_simulate(self, model)
         fold_values(model, {p.name: p.value for p in parameters.values()},
                     lambda n: f"{n} = {parameters[n].value:g} (line {parameters[n].pos.line})")
         return model

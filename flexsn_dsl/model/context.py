@@ -130,6 +130,11 @@ class SpecContext:
                 only = "an initial value may use numbers and parameters only"
                 exc.hint = f"{exc.hint} ({only})" if exc.hint.startswith("did you mean") else only
                 exc.args = (exc.format(),)
+            elif node.cut_at_comma and _unbalanced(str(node.value)):
+                exc.hint = (f"YAML's inline {{...}} or [...] split this value at its commas (it read `{node.value}`): "
+                            "quote the whole value in \"...\", or write the mapping as a block, one `name: value` "
+                            "a line")
+                exc.args = (exc.format(),)
             raise
         self.terms += parser.nodes
         if self.terms > MAX_SPEC_TERMS:
@@ -138,3 +143,8 @@ class SpecContext:
         if initial and (expr.atoms(Spike) or any(f.func.__name__ == "Detach" for f in expr.atoms(sympy.Function))):
             raise SpecError(f"{what} may not use spike() or detach()", node.pos, "use numbers and parameters")
         return expr
+
+
+def _unbalanced(text: str) -> bool:
+    """Whether ``text`` opens more brackets than it closes (or the other way round)."""
+    return any(text.count(a) != text.count(b) for a, b in ("()", "[]"))

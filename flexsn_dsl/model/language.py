@@ -9,7 +9,9 @@ from ..expressions import DSL_FUNCTIONS
 
 CONTINUOUS_KEYS = ("equations", "method", "threshold", "reset", "detach_reset", "refractory")
 TOP_LEVEL_KEYS = ("neuron", "description", "inputs", "parameters", "states", "recurrent", "surrogate", "step", *CONTINUOUS_KEYS,
-                  "outputs", "passes")
+                  "outputs", "passes", "simulate")
+SIMULATE_KEYS = ("drive", "steps", "sizes")  # `simulate`: the defaults of flexsn-dsl simulate
+MAX_SIMULATE_STEPS = 10_000_000
 REQUIRED_KEYS = ("neuron", "states")
 METHODS = ("exact", "euler", "rk2", "rk4", "exponential_euler")
 SPIKE_OUTPUT = "s"             # the spike output of a continuous-time spec

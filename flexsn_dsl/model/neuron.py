@@ -109,6 +109,16 @@ class Continuous:
         return lines + [Assignment(f"the reset of {r.name!r}", r.symbol, r.expr, r.pos) for r in self.reset.values()]
 
 
+@dataclass(frozen=True)
+class SimulateDefaults:
+    """`simulate`: a constant drive per input, the steps and the sizes to simulate with (empty, None:
+    not given)."""
+
+    drive: dict[str, float] = field(default_factory=dict)
+    steps: int | None = None
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass
 class NeuronModel:
     """A validated spec. Expressions use one real sympy symbol per input, parameter,
@@ -132,6 +142,7 @@ class NeuronModel:
     warnings: list[SpecWarning] = field(default_factory=list)
     recurrent: dict[str, Recurrent] = field(default_factory=dict)
     draws: tuple[sympy.Symbol, ...] = ()  # every draw of the spec, by occurrence (see symbolic.draw_symbol)
+    simulate: SimulateDefaults = field(default_factory=SimulateDefaults)
 
     @property
     def checked_lines(self) -> list[Assignment]:
@@ -145,6 +156,13 @@ class NeuronModel:
     @property
     def shaped(self) -> list[str]:
         return [p.name for p in self.parameters.values() if p.shaped]
+
+    @property
+    def size_names(self) -> list[str]:
+        """The sizes that ``sizes=`` (``--size``) may give: those named in parameter shapes, and N
+        of a recurrent weight [N, N]."""
+        names = [d for p in self.parameters.values() if p.shaped for d in p.shape if isinstance(d, str)]
+        return list(dict.fromkeys(names + (["N"] if self.recurrent else [])))
 
     @property
     def runtime_params(self) -> list[str]:

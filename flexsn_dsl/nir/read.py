@@ -125,6 +125,14 @@ def _neuron(node: Any, name: str, dt: float, method: str, backend: str, order: s
 
 # -- the other nodes as torch modules ------------------------------------------------------
 
+def _tensor_text(name: str, tensor: torch.Tensor) -> str:
+    """``name``: a tensor's shape and range of values, for a module's repr."""
+    if tensor.numel() == 0:
+        return f"{name}: {list(tensor.shape)}"
+    lo, hi = float(tensor.min()), float(tensor.max())
+    return f"{name}: {list(tensor.shape)} " + (f"all {lo:.4g}" if lo == hi else f"in [{lo:.4g}, {hi:.4g}]")
+
+
 class Flatten(nn.Module):
     """NIR's Flatten: ``start_dim``/``end_dim`` count the dimensions of one sample (no time, no batch)."""
 
@@ -148,6 +156,9 @@ class Scale(nn.Module):
         super().__init__()
         self.register_buffer("scale", scale)
 
+    def extra_repr(self) -> str:
+        return _tensor_text("scale", self.scale)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale.to(x.dtype)
 
@@ -158,6 +169,9 @@ class Threshold(nn.Module):
     def __init__(self, threshold: torch.Tensor):
         super().__init__()
         self.register_buffer("threshold", threshold)
+
+    def extra_repr(self) -> str:
+        return _tensor_text("threshold", self.threshold)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x > self.threshold.to(x.dtype)).to(x.dtype)
@@ -180,6 +194,9 @@ class Delay(nn.Module):
         self.history: torch.Tensor | None = None
         _read_depth(self)
         self.register_load_state_dict_post_hook(_read_depth)
+
+    def extra_repr(self) -> str:
+        return _tensor_text("steps", self.steps)
 
     def reset(self) -> None:
         self.history = None
@@ -349,6 +366,11 @@ class NIRNetwork(nn.Module):
             self._preds[b].append(a)
         self._components = _components(names, edges)
         self._previous: dict[str, torch.Tensor] = {}  # cycles: each node's output at the last step
+
+    def extra_repr(self) -> str:
+        cycles = sum(len(c) > 1 or c[0] in self._preds[c[0]] for c in self._components)
+        return (f"inputs={self._inputs}, outputs={self._outputs}, edges={sum(map(len, self._preds.values()))}, "
+                f"cycles={cycles}, names={self.names}")
 
     def node(self, name: str) -> nn.Module | None:
         """The module of the NIR node ``name`` (None for Input, Output and Identity)."""
