@@ -208,3 +208,34 @@ def test_fixed_delays_per_channel_are_whole_steps(backend):
         assert torch.equal(y[d:, :, c], x[:6 - d, :, c]) and not y[:d, :, c].any()
     y1, h = delay(x[:1], return_history=True)
     assert h.shape == (3, 2, 4) and torch.equal(torch.cat([y1, delay(x[1:], history=h)]), y)
+
+
+def test_nir_delays_import_to_delay_and_export_from_it():
+    nir = pytest.importorskip("nir")
+    import numpy as np
+    graph = nir.NIRGraph.from_list(nir.Delay(delay=np.array([0.0, 2e-3, 1e-3 + 1e-13])))
+    net = flexsn_dsl.from_nir(graph, dt=1e-3)
+    (delay,) = [m for m in net.modules() if isinstance(m, flexsn_dsl.Delay)]
+    assert torch.equal(delay.delay, torch.tensor([0.0, 2.0, 1.0]))
+    back = flexsn_dsl.to_nir(nn.Sequential(flexsn_dsl.Delay([3.0, 0.0])), torch.zeros(4, 1, 2), dt=0.5)
+    (node,) = [n for n in back.nodes.values() if isinstance(n, nir.Delay)]
+    assert node.delay.tolist() == [1.5, 0.0]
+    with pytest.raises(flexsn_dsl.NIRError, match="node 'delay'.*whole multiples of dt"):
+        flexsn_dsl.from_nir(nir.NIRGraph.from_list(nir.Delay(delay=np.array([1e-3 + 1e-11]))), dt=1e-3)
+
+
+def test_a_delay_linear_of_whole_steps_exports_as_the_same_sum():
+    nir = pytest.importorskip("nir")
+    layer = _layer("torch", DELAYS, 3.0)
+    x = torch.randn(7, 2, 4, dtype=F64)
+    with pytest.raises(flexsn_dsl.NIRError, match=r"fractional delays.*round_delays_\(\)"):
+        flexsn_dsl.to_nir(nn.Sequential(layer), x, dt=1e-3)
+    layer.round_delays_()
+    with torch.no_grad():  # values a float32 network (from_nir's) holds exactly
+        layer.weight.copy_(layer.weight.float())
+        layer.bias.copy_(layer.bias.float())
+    graph = flexsn_dsl.to_nir(nn.Sequential(layer), x, dt=1e-3)
+    (sub,) = [n for n in graph.nodes.values() if isinstance(n, nir.NIRGraph)]
+    assert sorted(float(n.delay[0]) for n in sub.nodes.values() if isinstance(n, nir.Delay)) == [1e-3, 2e-3, 3e-3]
+    back = flexsn_dsl.from_nir(graph, dt=1e-3).to(F64)
+    _close(back(x), layer(x))
