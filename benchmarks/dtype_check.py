@@ -14,9 +14,9 @@ fraction of float32's rate).
 Each failure names the kernel, the line of generated source the instruction comes from (PTX ``.loc``) and
 the instruction. Run by ``tests/test_dtype_check.py`` on every zoo spec; the compiler's rules change
 between Triton versions (3.6 rounded those constants, 3.9 does not), so CI runs it under the oldest Triton
-the package supports as well as the installed one.
+the package supports as well as the installed one. `--delays` checks the delay layers' kernels too.
 
-    python benchmarks/dtype_check.py neurons/*.yaml [--dtype float64 float32]
+    python benchmarks/dtype_check.py neurons/*.yaml [--dtype float64 float32] [--delays]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from isa_count import compile_for_sm  # noqa: E402
+from isa_count import GPUTarget, compile_for_sm  # noqa: E402
 
 from flexsn_dsl.compiler import compile_spec  # noqa: E402
 
@@ -188,14 +188,41 @@ def check(spec: Path, dtype: str) -> list[str]:
     return found
 
 
+DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C"}  # the delay kernels' integer arguments; "k" holds int32 steps
+
+
+def check_delays(dtype: str) -> list[str]:
+    """Every problem of the delay layers' kernels (``flexsn_dsl/delay_kernels.py``) compiled for ``dtype``."""
+    from flexsn_dsl import delay_kernels
+    _, pointer = DTYPES[dtype]
+    found = []
+    for name, fn in sorted(vars(delay_kernels).items()):
+        if not (name.startswith("_") and hasattr(fn, "arg_names")):
+            continue
+        signature, constants = {}, {}
+        for arg in fn.arg_names:
+            if arg.startswith("BLOCK_") or arg == "HAS_BIAS":
+                signature[arg], constants[arg] = "constexpr", arg == "HAS_BIAS" or 16
+            else:
+                signature[arg] = "i32" if arg in DELAY_SIZES else "*i32" if arg == "k" else pointer
+        source = triton.compiler.ASTSource(fn, signature, constants)
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+        found += [f"delay_kernels {name} ({dtype}), {p}" for p in problems(ptx, dtype, {})]
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("specs", nargs="+", type=Path)
+    parser.add_argument("specs", nargs="*", type=Path)
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--delays", action="store_true", help="also the delay layers' kernels")
     args = parser.parse_args(argv)
     print(f"triton {triton.__version__}, sm_90")
     found = [p for spec in args.specs for dtype in args.dtype for p in check(spec, dtype)]
-    print("\n".join(found) if found else f"{len(args.specs)} specs: every kernel computes in its dtype")
+    if args.delays:
+        found += [p for dtype in args.dtype for p in check_delays(dtype)]
+    what = f"{len(args.specs)} specs" + (" and the delay kernels" if args.delays else "")
+    print("\n".join(found) if found else f"{what}: every kernel computes in its dtype")
     return 1 if found else 0
 
 

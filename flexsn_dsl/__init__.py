@@ -1,7 +1,8 @@
 """flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels.
 
 The runtime (torch, Triton) is imported on first use of :func:`load`, :func:`loads`,
-:class:`FlexSN`, :func:`reset_net`, the simulation or the :class:`Monitor`, and torch alone on first use of :class:`PerStep` or ``encode``, so
+:class:`FlexSN`, :func:`reset_net`, the simulation or the :class:`Monitor`, and torch alone on first use of
+:class:`PerStep`, :class:`Delay`, :class:`DelayLinear` (Triton at their first CUDA call) or ``encode``, so
 that checking a spec (``flexsn-dsl check``) needs only the parser and sympy.
 """
 from __future__ import annotations
@@ -12,9 +13,9 @@ from .hookspecs import hookimpl, hookspec
 from .codegen_triton import FlexSNInfo
 
 
-__all__ = ["FlexSN", "FlexSNInfo", "MissingDependency", "Monitor", "NIRError", "PerStep", "PluginError", "ShapeError",
-           "Simulation", "SourcePos", "SpecError", "detach_net", "encode", "from_nir", "hookimpl", "hookspec", "load",
-           "loads", "reset_net", "simulate", "summary", "to_nir", "__version__"]
+__all__ = ["Delay", "DelayLinear", "FlexSN", "FlexSNInfo", "MissingDependency", "Monitor", "NIRError", "PerStep",
+           "PluginError", "ShapeError", "Simulation", "SourcePos", "SpecError", "detach_net", "encode", "from_nir",
+           "hookimpl", "hookspec", "load", "loads", "reset_net", "simulate", "summary", "to_nir", "__version__"]
 
 
 def __getattr__(name: str):
@@ -22,6 +23,8 @@ def __getattr__(name: str):
         from . import runtime as module
     elif name == "PerStep":
         from . import layers as module
+    elif name in ("Delay", "DelayLinear"):
+        from . import delays as module
     elif name in ("Simulation", "simulate"):
         from . import simulation as module
     elif name in ("Monitor", "summary"):

@@ -44,3 +44,10 @@ def test_cifar_conv_quick_learns_the_synthetic_classes():
     losses = [float(v) for v in re.findall(r"^epoch \d: loss ([\d.]+)", out, re.M)]
     assert len(losses) == 3 and losses[-1] < losses[0], out
     assert accuracy > 0.4, out  # chance is 0.1
+
+
+def test_delays_timing_is_solved_with_delays_only():
+    """Classes that differ only in the timing between channels: chance without delays, learned with them."""
+    accuracies, out = run_example("delays_timing", ["--epochs", "3"])
+    assert accuracies["without delays"] < 0.35 and accuracies["with learned delays"] > 0.9, out
+    assert f"with learned delays: test accuracy {accuracies['with learned delays']:.3f}" in out

@@ -113,6 +113,7 @@ def test_the_package_has_no_import_cycles():
     assert {"model.build", "model.language", "model.neuron", "model.values"} <= graph["model"]
     assert {"model.context", "model.declarations", "model.equations", "model.steps"} <= graph["model.build"]
     assert "model.context" in graph["model.equations"] and "model" in graph["compiler"] and "model" in graph["nir.kinds"]
+    assert "delays" in graph[INIT] and "delay_kernels" in graph["delays"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -130,6 +131,17 @@ def test_the_triton_modules_import_only_the_stages_before_them():
         later = set(TRITON_LAYERS[k + 1:]) | {"triton_recurrent"}
         assert not graph[module] & later, f"{module} imports {sorted(graph[module] & later)}"
     assert not graph["triton_recurrent"] & {"triton_operators", "triton_runtime"}
+
+
+# the delay layers, a stage beside the neurons': each imports only the package modules named here
+DELAY_LAYERS = {"delays": {"delay_kernels"}, "delay_kernels": {"triton_settings"}}
+
+
+def test_the_delay_modules_import_only_their_kernels_and_the_settings():
+    """The modules of DelayLinear and Delay do not go through the neurons' runtime or Triton plans."""
+    graph = import_graph(PACKAGE)
+    for module, allowed in DELAY_LAYERS.items():
+        assert graph[module] <= allowed, f"{module} imports {sorted(graph[module] - allowed)}"
 
 
 def test_the_cycle_finder_finds_cycles_of_every_kind(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..delays import Delay
 from ..layers import PerStep
 from ..model import METHODS
 from ..runtime import BACKENDS, FlexSN, loads
@@ -177,23 +178,14 @@ class Threshold(nn.Module):
         return (x > self.threshold.to(x.dtype)).to(x.dtype)
 
 
-def _read_depth(delay: Delay, _keys: Any = None) -> None:
-    """Sets ``delay.depth`` from its steps (a load_state_dict post-hook, hence the second argument)."""
-    delay.depth = int(delay.steps.max()) if delay.steps.numel() else 0
-
-
-class Delay(nn.Module):
-    """NIR's Delay, ``y(t) = x(t - delay)``, with each delay a whole number of steps
-    (``round(delay / dt)``); the last steps are carried across calls until :meth:`reset`.
-    ``depth``, the longest delay, is read off ``steps`` when they are set (here and by
-    ``load_state_dict``), so that a call reads nothing back from the device."""
+class DelayLine(Delay):
+    """NIR's Delay, ``y(t) = x(t - delay)``: a :class:`~flexsn_dsl.Delay` of whole steps
+    (``delay / dt``) whose last steps are carried across calls until :meth:`reset` (dropped when
+    the input's shape or the delays' longest changes). It reads nothing back from the device."""
 
     def __init__(self, steps: torch.Tensor):
-        super().__init__()
-        self.register_buffer("steps", steps)
+        super().__init__(steps)
         self.history: torch.Tensor | None = None
-        _read_depth(self)
-        self.register_load_state_dict_post_hook(_read_depth)
 
     def extra_repr(self) -> str:
         return _tensor_text("steps", self.steps)
@@ -202,17 +194,12 @@ class Delay(nn.Module):
         self.history = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        depth = self.depth
-        if depth == 0:
-            return x
         history = self.history
-        if history is None or history.shape != (depth, *x.shape[1:]):
-            history = x.new_zeros((depth, *x.shape[1:]))
-        seq = torch.cat([history.to(x.dtype), x])
-        t = torch.arange(x.shape[0], device=x.device).view(-1, *([1] * (x.dim() - 1)))
-        index = (t + depth - self.steps.to(x.device)).expand(x.shape)
-        self.history = seq[-depth:].detach()
-        return seq.gather(0, index)
+        if history is not None and history.shape != (self.history_steps, *x.shape[1:]):
+            history = None
+        y, history = super().forward(x, history=history, return_history=True)
+        self.history = history.detach()
+        return y
 
 
 def _conv(node: Any, name: str, dims: int) -> nn.Module:
@@ -247,16 +234,16 @@ def _pool(node: Any, summing: bool) -> nn.Module:
     return PerStep(nn.AvgPool2d(kernel, stride, padding, divisor_override=1 if summing else None))
 
 
-def _delay(node: Any, name: str, dt: float) -> Delay:
+def _delay(node: Any, name: str, dt: float) -> DelayLine:
     delay = _array(node.delay, name, "delay") / dt
     steps = np.round(delay)
     if np.any(steps > MAX_DELAY_STEPS):
         raise NIRError(f"node {name!r}: a delay of {float(steps.max()):g} steps of dt={dt}, more than the "
                        f"{MAX_DELAY_STEPS} a Delay keeps")
-    if np.any(steps < 0) or not np.allclose(delay, steps, rtol=0, atol=1e-6):
+    if np.any(steps < 0) or not np.allclose(delay, steps, rtol=0, atol=1e-9):
         raise NIRError(f"node {name!r}: delays must be non-negative whole multiples of dt={dt}, got "
                        f"{(delay * dt).ravel()[:8].tolist()}")
-    return Delay(torch.tensor(steps.astype(np.int64)))
+    return DelayLine(torch.tensor(steps, dtype=torch.get_default_dtype()))
 
 
 def _layer(node: Any, name: str, dt: float, method: str, backend: str, order: str | None,

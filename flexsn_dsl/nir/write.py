@@ -13,12 +13,13 @@ import sympy
 import torch
 from torch import nn
 
+from ..delays import Delay, DelayLinear
 from ..layers import PerStep
 from ..runtime import FlexSN
 from ..errors import NIRError
 from .kinds import NEURONS, ORDER_KEY, _nir
 from .match import check_ports, match_neuron
-from .read import Delay, Flatten, NIRNetwork, Scale, Threshold, _check_dt, _ints
+from .read import DelayLine, Flatten, NIRNetwork, Scale, Threshold, _check_dt, _ints
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -127,16 +128,48 @@ def _threshold_node(m: Threshold, feature_in: tuple[int, ...], dt: float | None,
     return _nir().Threshold(threshold=np.array(np.broadcast_to(_numpy(m.threshold), feature_in)))
 
 
-def _delay_node(m: Delay, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+def _whole_steps(m: Delay | DelayLinear, dt: float | None, where: str) -> torch.Tensor:
+    """The module's delays (clamped) in whole steps; a NIRError without ``dt`` or for a fractional delay."""
+    kind = "DelayLinear" if isinstance(m, DelayLinear) else "Delay"
     if dt is None:
-        raise NIRError(f"{where}: a Delay counts steps; give to_nir(..., dt=...) to write it in time")
-    return _nir().Delay(delay=np.array(np.broadcast_to(_numpy(m.steps) * dt, feature_in), dtype=np.float64))
+        raise NIRError(f"{where}: a {kind} counts steps; give to_nir(..., dt=...) to write it in time")
+    steps = m.delay.detach().clamp(0, m.max_delay)
+    if not torch.equal(steps, steps.round()):
+        raise NIRError(f"{where}: the {kind} has fractional delays, which NIR's Delay cannot hold; call "
+                       "round_delays_() on it before to_nir")
+    return steps
+
+
+def _delay_node(m: Delay, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    steps = _whole_steps(m, dt, where)
+    return _nir().Delay(delay=np.array(np.broadcast_to(_numpy(steps) * dt, feature_in), dtype=np.float64))
+
+
+def _delay_linear_node(m: DelayLinear, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
+    """A subgraph of the same sum: for each delay ``s`` of the layer, a Delay of ``s`` steps on every input
+    (none for 0) and a Linear of the synapses with that delay (the first an Affine with the bias), all summed."""
+    nir = _nir()
+    steps, weight = _whole_steps(m, dt, where), m.weight.detach()
+    nodes: dict[str, Any] = {"input": nir.Input(input_type=np.array(feature_in)),
+                             "output": nir.Output(output_type=np.array([m.out_features]))}
+    edges: list[tuple[str, str]] = []
+    for n, s in enumerate(torch.unique(steps).tolist()):
+        w = _numpy(torch.where(steps == s, weight, 0))
+        linear = nir.Affine(weight=w, bias=_numpy(m.bias)) if n == 0 and m.bias is not None else nir.Linear(weight=w)
+        nodes[f"linear_{s:g}"] = linear
+        if s:
+            nodes[f"delay_{s:g}"] = nir.Delay(delay=np.full(feature_in, s * dt, dtype=np.float64))
+            edges += [("input", f"delay_{s:g}"), (f"delay_{s:g}", f"linear_{s:g}")]
+        else:
+            edges.append(("input", f"linear_{s:g}"))
+        edges.append((f"linear_{s:g}", "output"))
+    return nir.NIRGraph(nodes=nodes, edges=edges)
 
 
 _EXPORTERS: dict[type, _Exporter] = {
     PerStep: _per_step_node, nn.Linear: _linear_node, nn.Conv1d: _conv_node, nn.Conv2d: _conv_node,
     nn.AvgPool2d: _pool_node, Flatten: _flatten_node, Scale: _scale_node, Threshold: _threshold_node,
-    Delay: _delay_node, FlexSN: _neuron_node,
+    Delay: _delay_node, DelayLinear: _delay_linear_node, FlexSN: _neuron_node,
 }
 
 
@@ -160,7 +193,8 @@ class _Tracer(torch.fx.Tracer):
         several layers, or of a reshape or pass-through layer (no node of its own), is traced into."""
         if isinstance(m, PerStep):
             return not isinstance(m.layer, (nn.Sequential, nn.Flatten, *_PASS_THROUGH))
-        return isinstance(m, (FlexSN, Flatten, Scale, Threshold, Delay)) or super().is_leaf_module(m, qualified_name)
+        return isinstance(m, (FlexSN, Flatten, Scale, Threshold, Delay, DelayLinear)) or \
+            super().is_leaf_module(m, qualified_name)
 
 
 class _Shapes(torch.fx.Interpreter):
@@ -197,7 +231,7 @@ def _flatten_dims(before: tuple[int, ...], after: tuple[int, ...]) -> tuple[int,
     return None
 
 
-_CARRIED = ((FlexSN, ("states", "state_seqs")), (Delay, ("history",)), (NIRNetwork, ("_previous",)))
+_CARRIED = ((FlexSN, ("states", "state_seqs")), (DelayLine, ("history",)), (NIRNetwork, ("_previous",)))
 
 
 @contextlib.contextmanager

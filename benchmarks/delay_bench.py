@@ -1,0 +1,121 @@
+"""Learnable delays at the SHD setting of the DCLS/mlGeNN comparison: a training step of 700 -> 256 -> 256 -> 20
+(DelayLinear, LIF per layer; T = 1127, B = 256) at each longest delay, beside DCLS's ``Dcls1d`` in the same
+process (``pip install dcls``; skipped when it is not installed), on random spikes of SHD's shapes.
+
+Prints per longest delay and implementation: the training step's time (forward, backward, Adam; median of
+``--repeat`` after a warm-up), one SHD epoch's worth (8,156 samples) at that rate, and the peak GPU memory of a
+step. ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
+
+    python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import flexsn_dsl
+
+LIF = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
+SHD_TRAIN = 8156
+SIZES = (700, 256, 256, 20)
+
+
+class DelayNet(nn.Module):
+    """DelayLinear + LIF per layer (the output layer's spikes summed over time as logits)."""
+
+    def __init__(self, max_delay: int, backend: str):
+        super().__init__()
+        self.layers = nn.ModuleList(flexsn_dsl.DelayLinear(a, b, max_delay, backend=backend)
+                                    for a, b in zip(SIZES, SIZES[1:]))
+        self.neurons = nn.ModuleList(flexsn_dsl.load(LIF, backend=backend) for _ in self.layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, neuron in zip(self.layers, self.neurons):
+            x = neuron(layer(x))
+            neuron.reset()
+        return x.sum(0)
+
+
+class DclsNet(nn.Module):
+    """The same network with DCLS-Delays' synapses (``Dcls1d``, one Gaussian-interpolated tap per synapse, the
+    input padded on the left by the kernel's length, as in Thvnvtos/SNN-delays)."""
+
+    def __init__(self, max_delay: int, backend: str):
+        from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
+        super().__init__()
+        self.size = max_delay + 1 if max_delay % 2 == 0 else max_delay  # SNN-delays rounds to an odd size
+        self.layers = nn.ModuleList(Dcls1d(a, b, kernel_count=1, groups=1, dilated_kernel_size=self.size, bias=True,
+                                           version="gauss") for a, b in zip(SIZES, SIZES[1:]))
+        self.neurons = nn.ModuleList(flexsn_dsl.load(LIF, backend=backend) for _ in self.layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, neuron in zip(self.layers, self.neurons):
+            z = nn.functional.pad(x.permute(1, 2, 0), (self.size - 1, 0))  # [B, C, T + size - 1]
+            x = neuron(layer(z).permute(2, 0, 1).contiguous())
+            neuron.reset()
+        return x.sum(0)
+
+
+def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int) -> tuple[float, float]:
+    """(median seconds, peak GPU bytes) of a training step."""
+    optimiser = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(net(x), labels)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+    step()
+    if x.is_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), torch.cuda.max_memory_allocated() if x.is_cuda else 0.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-delays", type=int, nargs="+", default=[64, 256, 512])
+    parser.add_argument("-T", type=int, default=1127)
+    parser.add_argument("-B", type=int, default=256)
+    parser.add_argument("--density", type=float, default=0.01, help="input spikes per step and channel")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.T, args.B, args.max_delays, args.repeat = 20, 4, [8], 1
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(args.T, args.B, SIZES[0], generator=g) < args.density).float().to(device)
+    labels = torch.randint(SIZES[-1], (args.B,), generator=g).to(device)
+    print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}: T={args.T}, B={args.B}, "
+          f"{' -> '.join(map(str, SIZES))} LIF, input density {args.density}")
+    print("| longest delay | implementation | step (ms) | epoch of 8,156 (s) | peak memory (GB) |")
+    print("|---|---|---|---|---|")
+    for max_delay in args.max_delays:
+        kinds = {"flexsn-dsl DelayLinear": DelayNet}
+        try:
+            import DCLS  # noqa: F401, PLC0415
+            kinds["dcls Dcls1d"] = DclsNet
+        except ImportError:
+            print(f"| {max_delay} | dcls Dcls1d | not installed (pip install dcls) | | |")
+        for name, cls in kinds.items():
+            torch.manual_seed(0)
+            seconds, peak = step_time(cls(max_delay, "auto").to(device), x, labels, args.repeat)
+            epoch = seconds * SHD_TRAIN / args.B
+            print(f"| {max_delay} | {name} | {seconds * 1e3:.1f} | {epoch:.1f} | {peak / 1e9:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

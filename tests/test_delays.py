@@ -1,0 +1,241 @@
+"""DelayLinear and Delay (language v4 §2) against the formula written as a literal torch loop in float64: values and
+the gradients of x, weight, bias and delay (autograd of the loop), on both backends (Triton through its
+interpreter on the CPU), fractional and whole steps, delays clamped at 0 and max_delay, streaming."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flexsn_dsl
+
+F64 = torch.float64
+BACKENDS = ("torch", "triton")
+
+
+def _past(x: torch.Tensor, t: int) -> torch.Tensor:
+    """x[t], zero before the first step."""
+    return x[t] if t >= 0 else torch.zeros_like(x[0])
+
+
+def loop_linear(x, weight, delay, bias, max_delay):
+    """y[t, b, j] = bias[j] + sum_i w[j,i] ((1 - f) x[t-k, b, i] + f x[t-k-1, b, i]), written out."""
+    d = delay.clamp(0, max_delay)
+    k = d.floor()
+    f = d - k
+    steps = []
+    for t in range(x.shape[0]):
+        outs = []
+        for j in range(weight.shape[0]):
+            acc = bias[j] + torch.zeros_like(x[0, :, 0]) if bias is not None else torch.zeros_like(x[0, :, 0])
+            for i in range(weight.shape[1]):
+                kk = int(k[j, i])
+                acc = acc + weight[j, i] * ((1 - f[j, i]) * _past(x, t - kk)[:, i] + f[j, i] * _past(x, t - kk - 1)[:, i])
+            outs.append(acc)
+        steps.append(torch.stack(outs, -1))
+    return torch.stack(steps)
+
+
+def loop_channels(x, delay, max_delay):
+    """y[t, b, c] = (1 - f) x[t-k, b, c] + f x[t-k-1, b, c] with x [T, B, C] and one delay per channel."""
+    d = delay.clamp(0, max_delay)
+    k = d.floor()
+    f = d - k
+    return torch.stack([torch.stack([(1 - f[c]) * _past(x, t - int(k[c]))[:, c] + f[c] * _past(x, t - int(k[c]) - 1)[:, c]
+                                     for c in range(x.shape[2])], -1) for t in range(x.shape[0])])
+
+
+def _layer(backend, delays, max_delay, bias=True, seed=0):
+    torch.manual_seed(seed)
+    layer = flexsn_dsl.DelayLinear(delays.shape[1], delays.shape[0], max_delay, bias=bias, dtype=F64, backend=backend)
+    with torch.no_grad():
+        layer.delay.copy_(delays)
+    return layer
+
+
+def _grads(y, inputs, seed=1):
+    g = torch.randn(y.shape, dtype=F64, generator=torch.Generator().manual_seed(seed)).to(y.device)
+    return torch.autograd.grad(y, inputs, g)
+
+
+def _close(a, b, tol=1e-12):
+    assert a.shape == b.shape and torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max()
+
+
+# fractional, whole steps, below 0 (clamped), above max_delay (clamped), exactly max_delay, 0
+DELAYS = torch.tensor([[0.0, 1.0, 2.5, 3.0], [3.7, -1.0, 0.3, 2.0], [1.5, 0.25, 3.0, 0.999]], dtype=F64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T", [6, 2])  # 2: shorter than most delays
+def test_values_and_all_four_gradients_equal_the_loop(backend, T):
+    layer = _layer(backend, DELAYS, 3.0)
+    x = torch.randn(T, 2, 4, dtype=F64, requires_grad=True)
+    y, want = layer(x), loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0)
+    _close(y, want)
+    params = [x, layer.weight, layer.delay, layer.bias]
+    for got, ref in zip(_grads(y, params), _grads(want, params)):
+        _close(got, ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_delay_gradient_at_a_whole_step_looks_towards_the_longer_delay(backend):
+    """d = 2 exactly: dy/dd = w (x[t-3] - x[t-2]); at max_delay too (and zero where the clamp holds)."""
+    layer = _layer(backend, torch.tensor([[2.0, 3.0, 4.0]], dtype=F64), 3.0, bias=False)
+    x = torch.randn(7, 1, 3, dtype=F64)
+    (grad,) = torch.autograd.grad(layer(x).sum(), [layer.delay])
+    w = layer.weight.detach()[0]
+    for i, k in enumerate((2, 3)):
+        want = w[i] * sum(_past(x, t - k - 1)[0, i] - _past(x, t - k)[0, i] for t in range(7))
+        assert torch.allclose(grad[0, i], want, rtol=1e-12, atol=1e-12)
+    assert grad[0, 2] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_whole_step_delays_shift_exactly(backend):
+    """A whole-step delay d gives x[t - d] exactly, bit for bit (also in float32)."""
+    layer = flexsn_dsl.DelayLinear(3, 3, 5, bias=False, backend=backend)
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(3))
+        layer.delay.copy_(torch.tensor([0.0, 2.0, 5.0]).diag() + 1.5 * (1 - torch.eye(3)))
+    x = torch.randn(8, 2, 3)
+    y = layer(x)
+    for i, d in enumerate((0, 2, 5)):
+        # the off-diagonal synapses have weight 0 (and fractional delays): only x[t - d] of input i is left
+        assert torch.equal(y[d:, :, i], x[:8 - d, :, i]) and torch.equal(y[:d, :, i], torch.zeros(d, 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_streaming_in_chunks_equals_one_call(backend):
+    layer = _layer(backend, DELAYS, 3.0)
+    x = torch.randn(9, 2, 4, dtype=F64, requires_grad=True)
+    whole = layer(x)
+    outs, h = [], None
+    for lo, hi in ((0, 1), (1, 3), (3, 4), (4, 9)):
+        y, h = layer(x[lo:hi], history=h, return_history=True)
+        outs.append(y)
+        assert h.shape == (4, 2, 4)  # floor(max_delay) + 1 steps
+    chunked = torch.cat(outs)
+    _close(chunked, whole)
+    params = [x, layer.weight, layer.delay, layer.bias]
+    for got, ref in zip(_grads(chunked, params), _grads(whole, params)):
+        _close(got, ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unbatched_input(backend):
+    layer = _layer(backend, DELAYS, 3.0)
+    x = torch.randn(5, 4, dtype=F64)
+    y, h = layer(x, return_history=True)
+    assert y.shape == (5, 3) and h.shape == (4, 4)
+    _close(y, layer(x[:, None])[:, 0])
+    y2 = layer(x, history=h)
+    _close(y2, layer(torch.cat([x, x]))[5:])
+
+
+def test_parameters_and_initialisation():
+    torch.manual_seed(3)
+    layer = flexsn_dsl.DelayLinear(5, 4, 7.5)
+    torch.manual_seed(3)
+    linear = nn.Linear(5, 4)
+    assert torch.equal(layer.weight, linear.weight) and torch.equal(layer.bias, linear.bias)
+    assert {n for n, _ in layer.named_parameters()} == {"weight", "delay", "bias"}
+    assert layer.delay.shape == (4, 5) and layer.delay.min() >= 0 and layer.delay.max() <= 7.5
+    assert (layer.delay != layer.delay.round()).any()
+    zero = flexsn_dsl.DelayLinear(5, 4, 7.5, delay_init="zero", bias=False)
+    assert torch.equal(zero.delay, torch.zeros(4, 5)) and zero.bias is None
+    fixed = flexsn_dsl.DelayLinear(50, 40, 3, learn_delay=False, dtype=F64)
+    assert "delay" in dict(fixed.named_buffers()) and "delay" not in dict(fixed.named_parameters())
+    assert torch.equal(fixed.delay, fixed.delay.round()) and set(fixed.delay.unique().tolist()) == {0, 1, 2, 3}
+    assert fixed.delay.dtype == F64 and fixed.weight.dtype == F64
+    with pytest.raises(ValueError, match="delay_init"):
+        flexsn_dsl.DelayLinear(2, 2, 3, delay_init="normal")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fixed_delays_train_the_weights_only(backend):
+    torch.manual_seed(4)
+    layer = flexsn_dsl.DelayLinear(3, 2, 4, learn_delay=False, dtype=F64, backend=backend)
+    x = torch.randn(6, 2, 3, dtype=F64)
+    y = layer(x)
+    _close(y, loop_linear(x, layer.weight, layer.delay, layer.bias, 4))
+    y.sum().backward()
+    assert layer.weight.grad is not None and layer.delay.grad is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_round_delays_rounds_in_place_to_whole_steps(backend):
+    layer = _layer(backend, DELAYS, 3.0)
+    assert layer.round_delays_() is layer
+    assert torch.equal(layer.delay, DELAYS.clamp(0, 3).round())
+    x = torch.randn(6, 2, 4, dtype=F64)
+    _close(layer(x), loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0))
+
+
+def test_shape_errors():
+    layer = flexsn_dsl.DelayLinear(3, 2, 4)
+    with pytest.raises(ValueError, match=r"x must be \[T, B, 3\]"):
+        layer(torch.zeros(4, 2, 5))
+    with pytest.raises(ValueError, match=r"history must have shape \[5, 2, 3\]"):
+        layer(torch.zeros(4, 2, 3), history=torch.zeros(4, 2, 3))
+
+
+CHANNEL_DELAYS = torch.tensor([0.0, 1.3, 2.0, 4.5, -0.5, 4.0], dtype=F64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_delay_per_channel_learnable(backend):
+    """[T, B, 2, 3]: one delay per channel, values and gradients as the loop; streaming."""
+    delay = flexsn_dsl.Delay(CHANNEL_DELAYS.reshape(2, 3), learnable=True, max_delay=4.0, backend=backend)
+    assert isinstance(delay.delay, nn.Parameter)
+    x = torch.randn(5, 2, 2, 3, dtype=F64, requires_grad=True)
+    y = delay(x)
+    want = loop_channels(x.reshape(5, 2, 6), delay.delay.reshape(6), 4.0).reshape(5, 2, 2, 3)
+    _close(y, want)
+    for got, ref in zip(_grads(y, [x, delay.delay]), _grads(want, [x, delay.delay])):
+        _close(got, ref)
+    y1, h = delay(x[:2], return_history=True)
+    _close(torch.cat([y1, delay(x[2:], history=h)]), y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fixed_delays_per_channel_are_whole_steps(backend):
+    delay = flexsn_dsl.Delay([0.0, 1.4, 2.6, 3.0], backend=backend)
+    assert "delay" in dict(delay.named_buffers()) and torch.equal(delay.delay, torch.tensor([0.0, 1.0, 3.0, 3.0]))
+    x = torch.randn(6, 2, 4)
+    y = delay(x)
+    for c, d in enumerate((0, 1, 3, 3)):
+        assert torch.equal(y[d:, :, c], x[:6 - d, :, c]) and not y[:d, :, c].any()
+    y1, h = delay(x[:1], return_history=True)
+    assert h.shape == (3, 2, 4) and torch.equal(torch.cat([y1, delay(x[1:], history=h)]), y)
+
+
+def test_nir_delays_import_to_delay_and_export_from_it():
+    nir = pytest.importorskip("nir")
+    import numpy as np
+    graph = nir.NIRGraph.from_list(nir.Delay(delay=np.array([0.0, 2e-3, 1e-3 + 1e-13])))
+    net = flexsn_dsl.from_nir(graph, dt=1e-3)
+    (delay,) = [m for m in net.modules() if isinstance(m, flexsn_dsl.Delay)]
+    assert torch.equal(delay.delay, torch.tensor([0.0, 2.0, 1.0]))
+    back = flexsn_dsl.to_nir(nn.Sequential(flexsn_dsl.Delay([3.0, 0.0])), torch.zeros(4, 1, 2), dt=0.5)
+    (node,) = [n for n in back.nodes.values() if isinstance(n, nir.Delay)]
+    assert node.delay.tolist() == [1.5, 0.0]
+    with pytest.raises(flexsn_dsl.NIRError, match="node 'delay'.*whole multiples of dt"):
+        flexsn_dsl.from_nir(nir.NIRGraph.from_list(nir.Delay(delay=np.array([1e-3 + 1e-11]))), dt=1e-3)
+
+
+def test_a_delay_linear_of_whole_steps_exports_as_the_same_sum():
+    nir = pytest.importorskip("nir")
+    layer = _layer("torch", DELAYS, 3.0)
+    x = torch.randn(7, 2, 4, dtype=F64)
+    with pytest.raises(flexsn_dsl.NIRError, match=r"fractional delays.*round_delays_\(\)"):
+        flexsn_dsl.to_nir(nn.Sequential(layer), x, dt=1e-3)
+    layer.round_delays_()
+    with torch.no_grad():  # values a float32 network (from_nir's) holds exactly
+        layer.weight.copy_(layer.weight.float())
+        layer.bias.copy_(layer.bias.float())
+    graph = flexsn_dsl.to_nir(nn.Sequential(layer), x, dt=1e-3)
+    (sub,) = [n for n in graph.nodes.values() if isinstance(n, nir.NIRGraph)]
+    assert sorted(float(n.delay[0]) for n in sub.nodes.values() if isinstance(n, nir.Delay)) == [1e-3, 2e-3, 3e-3]
+    back = flexsn_dsl.from_nir(graph, dt=1e-3).to(F64)
+    _close(back(x), layer(x))
