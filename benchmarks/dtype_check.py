@@ -197,7 +197,7 @@ def check_delays(dtype: str) -> list[str]:
     _, pointer = DTYPES[dtype]
     found = []
     for name, fn in sorted(vars(delay_kernels).items()):
-        if not (name.startswith("_") and hasattr(fn, "arg_names")):
+        if not (name.startswith(("_linear_", "_channel_")) and hasattr(fn, "arg_names")):  # (kernels, not helpers)
             continue
         signature, constants = {}, {}
         for arg in fn.arg_names:

@@ -101,7 +101,9 @@ def _linear_grad_taps(g, xs, k, s0, s1, T, B, I, J, P,
 
 
 @triton.jit
-def _channel_forward(xs, a, f, k, y, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+def _taps_of_channels(xs, k, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's tile of rows ``n`` (t, b) by channels ``ch``: (n, ch, the tile's mask, the channels'
+    mask, ``xs[P+t-k]``, ``xs[P+t-k-1]``)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row, col = n < T * B, ch < C
@@ -112,6 +114,12 @@ def _channel_forward(xs, a, f, k, y, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK_C:
     at = (s * B + b[:, None]) * C + ch[None, :]
     x0 = tl.load(xs + at, mask=inside & (s >= 0), other=0)
     x1 = tl.load(xs + at - B * C, mask=inside & (s >= 1), other=0)
+    return n, ch, inside, col, x0, x1
+
+
+@triton.jit
+def _channel_forward(xs, a, f, k, y, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    n, ch, inside, col, x0, x1 = _taps_of_channels(xs, k, T, B, C, P, BLOCK_N, BLOCK_C)
     out = tl.load(a + ch, mask=col, other=0)[None, :] * x0 + tl.load(f + ch, mask=col, other=0)[None, :] * x1
     tl.store(y + n[:, None] * C + ch[None, :], out, mask=inside)
 
@@ -135,16 +143,7 @@ def _channel_grad_input(g, a, f, k, gx, L, T, B, C, P, BLOCK_N: tl.constexpr, BL
 @triton.jit
 def _channel_grad_delay(g, xs, k, part, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     """``part[p, c] = sum over program p's rows of g[t, b, c] (xs[P+t-k-1] - xs[P+t-k])``."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    row, col = n < T * B, ch < C
-    t, b = n // B, n % B
-    inside = row[:, None] & col[None, :]
-    kc = tl.load(k + ch, mask=col, other=0)
-    s = (P + t)[:, None] - kc[None, :]
-    at = (s * B + b[:, None]) * C + ch[None, :]
-    x0 = tl.load(xs + at, mask=inside & (s >= 0), other=0)
-    x1 = tl.load(xs + at - B * C, mask=inside & (s >= 1), other=0)
+    n, ch, inside, col, x0, x1 = _taps_of_channels(xs, k, T, B, C, P, BLOCK_N, BLOCK_C)
     gt = tl.load(g + n[:, None] * C + ch[None, :], mask=inside, other=0)
     tl.store(part + tl.program_id(0) * C + ch, tl.sum(gt * (x1 - x0), axis=0), mask=col)
 

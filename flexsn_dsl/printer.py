@@ -413,15 +413,15 @@ class Printer:
         return result_text if result_text is not None else self._print(result_expr, 0)
 
 
+_FLOAT32_MAX = (2 - 2 ** -23) * 2 ** 127
+
+
 def _float32_exact(value: float) -> bool:
     """Whether float32 holds ``value`` as it is, as a normal number or zero (what Triton 3.6 takes a Python
     number as: a float32 constant in that range, else float64)."""
     if value == 0 or math.isinf(value) or math.isnan(value):
         return True
     return 2.0 ** -126 <= abs(value) <= _FLOAT32_MAX and struct.unpack("<f", struct.pack("<f", value))[0] == value
-
-
-_FLOAT32_MAX = (2 - 2 ** -23) * 2 ** 127
 
 
 def and_or(cond: BooleanFunction) -> sympy.Basic:

@@ -62,6 +62,14 @@ def _close(a, b, tol=1e-12):
     assert a.shape == b.shape and torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max()
 
 
+def _same_values_and_gradients(y, want, params):
+    """``y`` equals ``want``, and so do their gradients with respect to each of ``params`` (the same upstream
+    gradient)."""
+    _close(y, want)
+    for got, ref in zip(_grads(y, params), _grads(want, params)):
+        _close(got, ref)
+
+
 # fractional, whole steps, below 0 (clamped), above max_delay (clamped), exactly max_delay, 0
 DELAYS = torch.tensor([[0.0, 1.0, 2.5, 3.0], [3.7, -1.0, 0.3, 2.0], [1.5, 0.25, 3.0, 0.999]], dtype=F64)
 
@@ -72,10 +80,7 @@ def test_values_and_all_four_gradients_equal_the_loop(backend, T):
     layer = _layer(backend, DELAYS, 3.0)
     x = torch.randn(T, 2, 4, dtype=F64, requires_grad=True)
     y, want = layer(x), loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0)
-    _close(y, want)
-    params = [x, layer.weight, layer.delay, layer.bias]
-    for got, ref in zip(_grads(y, params), _grads(want, params)):
-        _close(got, ref)
+    _same_values_and_gradients(y, want, [x, layer.weight, layer.delay, layer.bias])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -116,10 +121,7 @@ def test_streaming_in_chunks_equals_one_call(backend):
         outs.append(y)
         assert h.shape == (4, 2, 4)  # floor(max_delay) + 1 steps
     chunked = torch.cat(outs)
-    _close(chunked, whole)
-    params = [x, layer.weight, layer.delay, layer.bias]
-    for got, ref in zip(_grads(chunked, params), _grads(whole, params)):
-        _close(got, ref)
+    _same_values_and_gradients(chunked, whole, [x, layer.weight, layer.delay, layer.bias])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -191,9 +193,7 @@ def test_delay_per_channel_learnable(backend):
     x = torch.randn(5, 2, 2, 3, dtype=F64, requires_grad=True)
     y = delay(x)
     want = loop_channels(x.reshape(5, 2, 6), delay.delay.reshape(6), 4.0).reshape(5, 2, 2, 3)
-    _close(y, want)
-    for got, ref in zip(_grads(y, [x, delay.delay]), _grads(want, [x, delay.delay])):
-        _close(got, ref)
+    _same_values_and_gradients(y, want, [x, delay.delay])
     y1, h = delay(x[:2], return_history=True)
     _close(torch.cat([y1, delay(x[2:], history=h)]), y)
 

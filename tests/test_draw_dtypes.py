@@ -15,18 +15,8 @@ import triton
 import triton.language as tl
 
 import flexsn_dsl
+from test_noise import DRAWS  # (the spec with two uniform draws and a normal one)
 
-DRAWS = """
-neuron: draws
-inputs: [x]
-states: {v: 0.0}
-step:
-  a: rand()
-  b: rand()
-  n: randn()
-  v: v + 0 * x
-outputs: [a, b, n]
-"""
 OCCURRENCES = {"a": 0, "b": 1, "n": 2}
 
 

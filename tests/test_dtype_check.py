@@ -1,5 +1,5 @@
 """Every generated kernel computes in its own dtype: ``benchmarks/dtype_check.py`` compiles each zoo spec's
-kernels (and a spec with every function of the language) for sm_90 with Triton's own compiler, no GPU, in
+kernels (and a spec with every function of the language, and the delay layers' kernels) for sm_90 with Triton's own compiler, no GPU, in
 float64 and float32, and reads their PTX (issue 38: since the short-chain cores, float64 kernels compared
 and fused with float32 constants, which no test on the interpreter saw).
 
@@ -41,9 +41,11 @@ def _run(args: list[str], triton: str, tmp_path: Path) -> subprocess.CompletedPr
 def test_every_kernel_computes_in_its_dtype(group, triton, tmp_path):
     specs = SPECS[group::GROUPS]
     dtypes = ["float64"] if triton == "oldest" else ["float64", "float32"]  # (the rules that differ: float64's)
-    done = _run([str(s) for s in specs] + ["--dtype", *dtypes], triton, tmp_path)
+    delays = ["--delays"] if group == 0 else []  # (the delay layers' kernels, once)
+    done = _run([str(s) for s in specs] + ["--dtype", *dtypes] + delays, triton, tmp_path)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert f"{len(specs)} specs: every kernel computes in its dtype" in done.stdout
+    what = f"{len(specs)} specs" + (" and the delay kernels" if delays else "")
+    assert f"{what}: every kernel computes in its dtype" in done.stdout
     if triton == "oldest":
         assert "triton 3.6" in done.stdout.splitlines()[0]
 
