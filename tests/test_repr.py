@@ -36,7 +36,7 @@ def test_simulation():
 
 def test_nir_network(tmp_path):
     nir = pytest.importorskip("nir")
-    from flexsn_dsl.nir.read import Delay, Scale, Threshold
+    from flexsn_dsl.nir.read import DelayLine, Scale, Threshold
     net = torch.nn.Sequential(torch.nn.Linear(10, 4), flexsn_dsl.load(LIF, backend="torch"))
     nir.write(tmp_path / "net.nir", flexsn_dsl.to_nir(net, torch.rand(8, 2, 10), dt=1e-3))
     back = flexsn_dsl.from_nir(tmp_path / "net.nir", dt=1e-3, method="euler", backend="torch")
@@ -44,4 +44,4 @@ def test_nir_network(tmp_path):
     assert "tau=0.002, r=1, v_leak=0, v_threshold=1, v_reset=0, dt=0.001" in repr(back)
     assert repr(Scale(torch.tensor([1.0, 3.0]))) == "Scale(scale: [2] in [1, 3])"
     assert repr(Threshold(torch.ones(3))) == "Threshold(threshold: [3] all 1)"
-    assert repr(Delay(torch.tensor([2]))) == "Delay(steps: [1] all 2)"
+    assert repr(DelayLine(torch.tensor([2.0]))) == "DelayLine(delay: [1] all 2)"

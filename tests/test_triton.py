@@ -501,7 +501,7 @@ def test_branch_decisions_of_the_backward_are_the_forwards():
     backward = cores[cores.index("def branches_backward_core("):]
     spike_argument = next(line for line in forward.splitlines() if line.strip().startswith("s__u ="))
     assert spike_argument in backward.splitlines() and "/ d" in spike_argument
-    assert "v / d > 0.2" in backward and "d__inv = _reciprocal(d)\n" in backward
+    assert "v / d > tl.full((), 0.2, d.dtype)" in backward and "d__inv = _reciprocal(d)\n" in backward
     torch.manual_seed(0)
     x = (torch.rand(6, 5, dtype=torch.float64) * 2).requires_grad_()
     results = []

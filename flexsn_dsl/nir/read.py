@@ -188,7 +188,7 @@ class DelayLine(Delay):
         self.history: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
-        return _tensor_text("steps", self.steps)
+        return _tensor_text("delay", self.delay)
 
     def reset(self) -> None:
         self.history = None
