@@ -233,7 +233,8 @@ class _Reader(SpecContext):
                        "compute per-synapse values in `w` lines")
                 forbidden = {n: (f"{why[0]}: its line may not use {'the weight w' if n == WEIGHT else repr(n)}",
                                  why[1]) for n in [WEIGHT, *other]}
-            expr = self.expression(value, env, f"the {block} line of {target!r}", forbidden=forbidden, draws=False)
+            scope = {k: v for k, v in env.items() if k not in forbidden}
+            expr = self.expression(value, scope, f"the {block} line of {target!r}", forbidden=forbidden, draws=False)
             if expr.has(Spike, Detach):
                 raise SpecError(f"the {block} line of {target!r} may not use spike() or detach()", value.pos,
                                 "lines run where a spike happened: use heaviside(), where() or comparisons")
