@@ -1,7 +1,7 @@
 """flexsn-dsl: spiking neurons as YAML equations, compiled to fused Triton kernels.
 
 The runtime (torch, Triton) is imported on first use of :func:`load`, :func:`loads`,
-:class:`FlexSN`, :func:`reset_net`, the simulation or the :class:`Monitor`, and torch alone on first use of
+:class:`FlexSN`, :class:`PlasticLinear`, :func:`reset_net`, the simulation or the :class:`Monitor`, and torch alone on first use of
 :class:`PerStep`, :class:`Delay`, :class:`DelayLinear` (Triton at their first CUDA call) or ``encode``, so
 that checking a spec (``flexsn-dsl check``) needs only the parser and sympy.
 """
@@ -14,13 +14,15 @@ from .codegen_triton import FlexSNInfo
 
 
 __all__ = ["Delay", "DelayLinear", "FlexSN", "FlexSNInfo", "MissingDependency", "Monitor", "NIRError", "PerStep",
-           "PluginError", "ShapeError", "Simulation", "SourcePos", "SpecError", "detach_net", "encode", "from_nir",
+           "PlasticLinear", "PluginError", "ShapeError", "Simulation", "SourcePos", "SpecError", "detach_net", "encode", "from_nir",
            "hookimpl", "hookspec", "load", "loads", "reset_net", "simulate", "summary", "to_nir", "__version__"]
 
 
 def __getattr__(name: str):
     if name in ("FlexSN", "detach_net", "load", "loads", "reset_net"):
         from . import runtime as module
+    elif name == "PlasticLinear":
+        from . import plastic as module
     elif name == "PerStep":
         from . import layers as module
     elif name in ("Delay", "DelayLinear"):

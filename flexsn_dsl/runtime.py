@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from .compiler import Compiled, compile_spec
 from .errors import MissingDependency, ShapeError, SpecError
 from .ir import check_param_names, resolve_shapes
-from .source import spec_text
+from .source import read_spec, spec_text
+from .synapse import synapse_text
 from .symbolic import draw_of
 
 BACKENDS = ("auto", "torch", "triton")
@@ -588,8 +589,12 @@ def load(path: str | os.PathLike, params: dict[str, float | torch.Tensor] | None
     steps only (C: the number given, or about sqrt(T) and at least 64 for True), and the backward
     computes the states again chunk by chunk, with the same outputs and gradients (see docs/python-api.md).
     Raises :class:`flexsn_dsl.SpecError` on a bad spec, :class:`flexsn_dsl.ShapeError` on a
-    tensor that does not fit.
+    tensor that does not fit. A synapse spec (``kind: synapse``) loads as a factory of
+    :class:`flexsn_dsl.PlasticLinear` (docs/synapses.md), with ``params`` only.
     """
+    if isinstance(path, (str, os.PathLike)) and synapse_text(read_spec(path), os.fsdecode(path)):
+        from .plastic import load_synapse
+        return load_synapse(path, params)
     return _load(path, None, params, step_mode, backend, store_state_seqs, plugins, passes, sizes, recompute)
 
 
@@ -598,6 +603,9 @@ def loads(text: str, params: dict[str, float | torch.Tensor] | None = None, step
           passes: Iterable[str] = (), filename: str = "<string>", sizes: dict[str, int] | None = None,
           recompute: bool | int = False) -> FlexSN:
     """Like :func:`load`, from spec text (a str, or UTF-8 bytes)."""
+    if synapse_text(spec_text(text, filename), filename):
+        from .plastic import loads_synapse
+        return loads_synapse(text, params, filename)
     return _load(filename, spec_text(text, filename), params, step_mode, backend, store_state_seqs, plugins, passes,
                  sizes, recompute)
 

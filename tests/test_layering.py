@@ -144,6 +144,20 @@ def test_the_delay_modules_import_only_their_kernels_and_the_settings():
         assert graph[module] <= allowed, f"{module} imports {sorted(graph[module] - allowed)}"
 
 
+# the synapse specs, a stage beside the neurons': each imports only the package modules named here (the spec's
+# model below the expressions and the printer; the module above them; none of them the neurons' runtime)
+SYNAPSE_LAYERS = {"synapse": {"errors", "expressions", "model.context", "model.numbers", "source", "symbolic"},
+                  "synapse_torch": {"literals", "printer", "symbolic", "synapse"},
+                  "plastic": {"compiler", "errors", "source", "synapse", "synapse_torch"}}
+
+
+def test_the_synapse_modules_import_only_the_stages_below_them():
+    graph = import_graph(PACKAGE)
+    assert {"synapse"} <= graph["runtime"] and "plastic" in graph[INIT]
+    for module, allowed in SYNAPSE_LAYERS.items():
+        assert graph[module] <= allowed, f"{module} imports {sorted(graph[module] - allowed)}"
+
+
 def test_the_cycle_finder_finds_cycles_of_every_kind(tmp_path):
     """Late imports, ``from . import``, the package itself: each closes a cycle the test reports."""
     variants = {
