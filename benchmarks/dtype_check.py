@@ -169,12 +169,15 @@ def problems(ptx: str, dtype: str, literals: dict[str, str]) -> list[str]:
 
 def kernels(module) -> list:
     """The multi-step kernels of a generated module (not the cores they call), by name; not the final-state
-    variants, which are their kernel's steps with one more store."""
-    return [fn for name, fn in sorted(vars(module).items())
-            if name.endswith("_kernel") and not name.endswith("_final_state_kernel") and hasattr(fn, "arg_names")]
+    variants, which are their kernel's steps with one more store, nor the inference kernels, which are the
+    training forward's steps with fewer stores."""
+    names = vars(module)
+    return [fn for name, fn in sorted(names.items()) if name.endswith("_kernel") and hasattr(fn, "arg_names")
+            and not name.endswith("_final_state_kernel")
+            and not (name.endswith("_inference_kernel") and name.replace("_inference_", "_forward_") in names)]
 
 
-def check(spec: Path, dtype: str) -> list[str]:
+def check(spec: Path, dtype: str, tile: int = 2) -> list[str]:
     """Every problem of every kernel of ``spec`` compiled for ``dtype``, each prefixed with the kernel."""
     compiled = compile_spec(spec)
     module = compiled.triton_module()
@@ -182,7 +185,9 @@ def check(spec: Path, dtype: str) -> list[str]:
     tl_dtype, pointer = DTYPES[dtype]
     found = []
     for fn in kernels(module):
-        given = {k: v for k, v in {**GIVEN, "_DTYPE": tl_dtype, "_DOT_DTYPE": tl_dtype}.items() if k in fn.arg_names}
+        # float32: the steps once (tiles of one step): a float64 instruction would be in every copy of a step
+        given = {**GIVEN, "_DTYPE": tl_dtype, "_DOT_DTYPE": tl_dtype, "_TC": tile if dtype == "float64" else 1}
+        given = {k: v for k, v in given.items() if k in fn.arg_names}
         ptx = compile_for_sm(fn, given, warps=1, pointer=pointer).asm["ptx"]
         found += [f"{spec.name} {fn.__name__} ({dtype}), {p}" for p in problems(ptx, dtype, literals)]
     return found
@@ -215,10 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", type=Path)
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--tile", type=int, default=2,
+                        help="steps of a time tile in the float64 kernels (2: the tiled loop and the steps after it; "
+                             "1: the steps once)")
     parser.add_argument("--delays", action="store_true", help="also the delay layers' kernels")
     args = parser.parse_args(argv)
     print(f"triton {triton.__version__}, sm_90")
-    found = [p for spec in args.specs for dtype in args.dtype for p in check(spec, dtype)]
+    found = [p for spec in args.specs for dtype in args.dtype for p in check(spec, dtype, args.tile)]
     if args.delays:
         found += [p for dtype in args.dtype for p in check_delays(dtype)]
     what = f"{len(args.specs)} specs" + (" and the delay kernels" if args.delays else "")
