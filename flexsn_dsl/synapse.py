@@ -101,12 +101,7 @@ class _Reader(SpecContext):
         name_node = top["name"]
         self.expect(name_node, "scalar", "`name`", "name: stdp")
         name = self.identifier(name_node.value, name_node.pos, "synapse", allow_keyword=True)
-        description = ""
-        if "description" in top:
-            node = top["description"]
-            if node.kind != "scalar" or not isinstance(node.value, str):
-                raise SpecError("`description` must be text", node.pos, "write description: some text")
-            description = node.value.strip()
+        description = self.description()
         self.declare(WEIGHT, "weight", self.root.pos)
         params = self._params()
         dt = read_number(top["dt"], "`dt`") if "dt" in top else 1.0

@@ -50,12 +50,7 @@ class _Builder(SpecContext):
                             f"choose another name, e.g. {name}_neuron: `flexsn-dsl build` writes {name}.py, "
                             f"which would shadow the module {name!r} for code run next to it")
         self.generated = generated_names(name)
-        description = ""
-        if "description" in top:
-            node = top["description"]
-            if node.kind != "scalar" or not isinstance(node.value, str):
-                raise SpecError("`description` must be text", node.pos, "write description: some text")
-            description = node.value.strip()
+        description = self.description()
         inputs = read_inputs(self)
         parameters = read_parameters(self)
         states = read_states(self, parameters)

@@ -59,6 +59,15 @@ class SpecContext:
     def key_pos(self, key: str) -> SourcePos:
         return self.root.key_pos.get(key, self.root.pos)
 
+    def description(self) -> str:
+        """The spec's optional `description` (text), stripped; "" without one."""
+        node = self.get("description")
+        if node is None:
+            return ""
+        if node.kind != "scalar" or not isinstance(node.value, str):
+            raise SpecError("`description` must be text", node.pos, "write description: some text")
+        return node.value.strip()
+
     def expect(self, node: Node, kind: str, what: str, example: str) -> None:
         if node.kind != kind or (kind == "scalar" and node.value is None):
             raise SpecError(f"{what} must be a {kind if kind != 'scalar' else 'value'}, not {type_name(node)}",
