@@ -65,6 +65,19 @@ def _warn_plugins(args) -> None:
         print(f"warning: {error.message}", file=sys.stderr)
 
 
+def _synapse(path: Path):
+    """The validated model of ``path`` if it is a synapse spec (``kind: synapse``), else None."""
+    from .source import read_spec
+    from .synapse import build_synapse, synapse_text
+    text = read_spec(path)
+    return build_synapse(text, str(path)) if synapse_text(text, str(path)) else None
+
+
+def _synapse_summary(m) -> str:
+    return (f"synapse {m.name}: pre traces {list(m.pre)}, post traces {list(m.post)}, "
+            f"on_pre {len(m.on_pre)} lines, on_post {len(m.on_post)} lines")
+
+
 def cmd_check(args) -> int:
     _warn_plugins(args)
     specs, problems = _specs(args.paths)
@@ -74,6 +87,10 @@ def cmd_check(args) -> int:
     models = []
     for path in specs:
         try:
+            synapse = _synapse(path)
+            if synapse is not None:
+                print(f"ok  {printable(path)}  {_synapse_summary(synapse)}")
+                continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SpecWarning)  # printed below, once, in the same form as errors
                 compiled = compile_with_options(path, args)
@@ -120,6 +137,16 @@ def cmd_build(args) -> int:
         print(f"[{index}/{len(specs)}] {printable(path)} ...", end="", flush=True, file=sys.stderr)
         start = time.perf_counter()
         try:
+            synapse = _synapse(path)
+            if synapse is not None:  # its torch functions (the module compiles them again when it loads the spec)
+                from .synapse_torch import torch_source
+                synapse_path = out / f"{synapse.name}_synapse_torch.py"
+                _write(out, synapse_path, torch_source(synapse))
+                print(f" ok ({time.perf_counter() - start:.2f} s)", file=sys.stderr)
+                rows.append([str(path), f"{synapse.name} (synapse)", ",".join(synapse.inputs) or "-",
+                             ",".join(synapse.traces), "-", "-", "-", str(synapse_path),
+                             f"{time.perf_counter() - start:.2f}"])
+                continue
             compiled = compile_with_options(path, args)
             models.append(compiled.model)
             name = compiled.model.name
@@ -129,13 +156,9 @@ def cmd_build(args) -> int:
                                 "give each spec its own `neuron:` name").with_source(compiled.model.text.splitlines())
             built[name] = path
             kernel_path = out / f"{name}.py"
-            try:
-                kernel_path.write_text(compiled.triton_source)
-                (out / f"{name}_torch.py").write_text(compiled.torch_source)
-                (out / f"{name}.info.json").write_text(json.dumps(compiled.cores.info.to_dict(), indent=2) + "\n")
-            except OSError as exc:
-                raise SpecError(f"cannot write to {printable(out)}: {exc.strerror or exc}",
-                                hint="give -o a folder that can be written") from None
+            _write(out, kernel_path, compiled.triton_source)
+            _write(out, out / f"{name}_torch.py", compiled.torch_source)
+            _write(out, out / f"{name}.info.json", json.dumps(compiled.cores.info.to_dict(), indent=2) + "\n")
             compile(compiled.triton_source, str(kernel_path), "exec")  # the module must at least parse
         except SpecError as exc:
             failed += 1
@@ -156,6 +179,14 @@ def cmd_build(args) -> int:
     return 1 if failed or not _sizes_known(args, models) else 0
 
 
+def _write(out: Path, path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise SpecError(f"cannot write to {printable(out)}: {exc.strerror or exc}",
+                        hint="give -o a folder that can be written") from None
+
+
 def _saved_labels(info) -> list[str]:
     names = {"saved": info.saved_names, "input": info.input_names, "output": info.output_names}
     return [f"{names[k][i]}" + ("" if k == "saved" else f"({k})") for k, i in info.c2k_return_mapping]
@@ -167,6 +198,12 @@ def cmd_show(args) -> int:
     from .parallel import verdict
     from .symbolic import language_text
     from .templates import kernel_source
+    synapse = _synapse(Path(args.spec))
+    if synapse is not None:
+        from .synapse_torch import torch_source
+        print(torch_source(synapse) if args.kernel == "torch" else
+              f"{_synapse_summary(synapse)} ({printable(synapse.file)})\n  {synapse.description}".rstrip())
+        return 0
     compiled = compile_with_options(Path(args.spec), args)
     check_size_names(parse_sizes(args.size), [compiled.model])
     what = args.kernel

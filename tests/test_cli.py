@@ -428,3 +428,41 @@ def test_a_closed_pipe_ends_the_cli_quietly(command, tmp_path):
     finally:
         os.close(write)
     assert proc.stderr == "" and proc.returncode == 141, proc.stderr
+
+
+STDP = """\
+kind: synapse
+name: stdp
+params: {tau_pre: 20.0e-3, tau_post: 20.0e-3, a_plus: 0.01, a_minus: -0.0105, w_max: 1.0}
+dt: 1.0e-3
+pre:
+  apre: {decay: exp(-dt / tau_pre)}
+post:
+  apost: {decay: exp(-dt / tau_post)}
+on_pre:
+  - apre: apre + a_plus
+  - w: clip(w + apost, 0, w_max)
+on_post:
+  - apost: apost + a_minus
+  - w: clip(w + apre, 0, w_max)
+"""
+
+
+def test_check_build_and_show_take_synapse_specs(tmp_path, capsys):
+    """A synapse spec beside neuron specs: check validates it, build writes its torch functions (which load
+    as a module defining on_pre and on_post), show prints its traces and lines; a mistake is an error at its
+    line, as for neurons."""
+    spec = tmp_path / "stdp.yaml"
+    spec.write_text(STDP)
+    assert main(["check", str(spec), str(NEURONS / "lif.yaml")]) == 0
+    assert "synapse stdp: pre traces ['apre'], post traces ['apost'], on_pre 2 lines, on_post 2 lines" in \
+        capsys.readouterr().out
+    assert main(["build", str(spec), "-o", str(tmp_path / "out")]) == 0
+    built = tmp_path / "out" / "stdp_synapse_torch.py"
+    namespace: dict = {}
+    exec(compile(built.read_text(), str(built), "exec"), namespace)
+    assert callable(namespace["on_pre"]) and callable(namespace["on_post"])
+    assert main(["show", str(spec), "--kernel", "torch"]) == 0 and "def on_post(" in capsys.readouterr().out
+    spec.write_text(STDP.replace("  - w: clip(w + apre, 0, w_max)", "  - w: clip(w + apre, 0, w_mx)"))
+    assert main(["check", str(spec)]) == 1
+    assert f"{spec}:14:26: error: unknown name 'w_mx'" in capsys.readouterr().err
