@@ -107,3 +107,53 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+def _patch_the_interpreter_once_a_launch() -> None:
+    """Triton's interpreter patches triton.language again at every call of a @triton.jit function from a
+    kernel (``_patch_lang``: a scan of the language's modules with inspect.getmembers), though the launch
+    already patched the same modules and restores them when it ends; in the generated kernels, whose cores
+    and helpers are such calls, that was most of a launch's time. Here a call inside a launch whose
+    language modules the launch patched skips the repeat (a no-op: the patched members are no longer
+    builtins, and the other attributes are set to the same values). Left alone where Triton's interpreter
+    is off or its internals differ."""
+    if not interpreting():
+        return
+    try:
+        from triton.runtime import interpreter
+        import triton.language as tl
+    except ImportError:
+        return
+    patch, launch = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    if patch is None or launch is None or getattr(patch, "_once_a_launch", False):
+        return
+    run = launch.__call__
+    patched: list[set[int]] = []  # the language modules patched in the launch under way
+
+    def launch_and_forget(self, *args, **kwargs):
+        patched.append(set())
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def patch_once(fn):
+        mine = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+        if patched and mine and mine <= patched[-1]:
+            return _LangPatchedAlready()  # (a device function's call, whose scope is dropped)
+        scope = patch(fn)
+        if patched:
+            patched[-1] |= mine
+        return scope
+
+    patch_once._once_a_launch = True
+    interpreter._patch_lang = patch_once
+    launch.__call__ = launch_and_forget
+
+
+class _LangPatchedAlready:
+    def restore(self) -> None:
+        pass
+
+
+_patch_the_interpreter_once_a_launch()

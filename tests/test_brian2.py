@@ -168,7 +168,7 @@ I = I_in(t, i) : 1 (constant over dt)
 def test_hodgkin_huxley_exponential_euler(backend):
     """The zoo's hh, refractory while V >= 0 after a spike: one spike per action potential, as Brian2's
     refractory='V >= 0' (Brian2 writes the removable singularities with exprel)."""
-    x = _inputs(400, 3, 0.0, 40.0, 4)
+    x = _inputs(300, 3, 0.0, 40.0, 4)  # three action potentials a neuron (spikes at steps 12-14, 137-154, 252-280)
     ns = dict(C=1.0, g_Na=120.0, g_K=36.0, g_L=0.3, E_Na=50.0, E_K=-77.0, E_L=-54.387)
     init = {"V": -65.0, "m": 0.0529325, "h": 0.5961207, "n": 0.3176769}
     raster, traces = _brian(HH_B2, x, 0.1, "exponential_euler", init, ["V", "m", "h", "n"], threshold="V >= 0",
@@ -177,6 +177,7 @@ def test_hodgkin_huxley_exponential_euler(backend):
     crossings = above & ~np.vstack([np.zeros((1, above.shape[1]), bool), above[:-1]])
     np.testing.assert_array_equal(raster, crossings)
     assert (above.sum(0) > 2 * raster.sum(0)).all()  # an action potential stays above 0 for several steps
+    assert (raster.sum(0) == 3).all()  # the threshold crossed again after each refractory period
     ours, seqs = _ours((ROOT / "neurons" / "hh.yaml").read_text(), x, backend, ["s", "V"])
     _compare(ours, seqs, raster, traces, ["V", "m", "h", "n"])
 
@@ -194,7 +195,7 @@ I = I_in(t, i) : 1 (constant over dt)
 def test_morris_lecar_with_a_crossing_threshold(backend):
     """The zoo's morris_lecar (cosh in its gating time constant), refractory while V >= 0 after a spike: one spike
     per action potential, as Brian2's refractory='V >= 0'."""
-    x = _inputs(1500, 3, 80.0, 220.0, 6)
+    x = _inputs(900, 3, 80.0, 220.0, 6)  # two action potentials a neuron (spikes at steps 84-92 and 771-809)
     ns = dict(C=20.0, g_L=2.0, V_L=-60.0, g_Ca=4.4, V_Ca=120.0, g_K=8.0, V_K=-84.0, V1=-1.2, V2=18.0, V3=2.0,
               V4=30.0, phi=0.04)
     raster, traces = _brian(ML_B2, x, 0.1, "rk4", {"V": -60.0, "w": 0.0149}, ["V", "w"],
@@ -202,3 +203,4 @@ def test_morris_lecar_with_a_crossing_threshold(backend):
     ours, seqs = _ours((ROOT / "neurons" / "morris_lecar.yaml").read_text(), x, backend, ["s", "V"])
     _compare(ours, seqs, raster, traces, ["V", "w"])
     assert ((traces["V"] >= 0).sum(0) > 3 * raster.sum(0)).all()  # each action potential lasts many steps
+    assert (raster.sum(0) == 2).all()  # the threshold crossed again after a refractory period has ended

@@ -20,7 +20,10 @@ def test_quick_training_learns():
 
 @pytest.mark.parametrize("device", ["cpu" if interpreting() else "cuda"])  # where the Triton backend runs here
 def test_triton_trains_like_torch(device):
-    args = ["--quick", "--steps", "3", "--device", device]
-    torch_run = shd_recurrent.train(shd_recurrent.parse([*args, "--backend", "torch"]))
-    triton_run = shd_recurrent.train(shd_recurrent.parse([*args, "--backend", "triton"]))
+    runs = []
+    for backend in ("torch", "triton"):
+        args = shd_recurrent.parse(["--quick", "--device", device, "--backend", backend])
+        args.steps = 3  # (--quick sets 40 steps over a --steps given with it)
+        runs.append(shd_recurrent.train(args))
+    torch_run, triton_run = runs
     assert triton_run == pytest.approx(torch_run, rel=1e-4, abs=1e-5)
