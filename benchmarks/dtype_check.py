@@ -14,9 +14,10 @@ fraction of float32's rate).
 Each failure names the kernel, the line of generated source the instruction comes from (PTX ``.loc``) and
 the instruction. Run by ``tests/test_dtype_check.py`` on every zoo spec; the compiler's rules change
 between Triton versions (3.6 rounded those constants, 3.9 does not), so CI runs it under the oldest Triton
-the package supports as well as the installed one. `--delays` checks the delay layers' kernels too.
+the package supports as well as the installed one. `--delays` checks the delay layers' kernels too, `--plastic
+SYNAPSE NEURON` PlasticLinear's fused kernel of a synapse spec driving a neuron.
 
-    python benchmarks/dtype_check.py neurons/*.yaml [--dtype float64 float32] [--delays]
+    python benchmarks/dtype_check.py neurons/*.yaml [--dtype float64 float32] [--delays] [--plastic SYN NEURON]
 """
 from __future__ import annotations
 
@@ -216,6 +217,27 @@ def check_delays(dtype: str) -> list[str]:
     return found
 
 
+PLASTIC_SIZES = ("T", "G", "R", "n_pre", "n_post")  # the plastic kernel's integer arguments
+
+
+def check_plastic(synapse: Path, neuron: Path, dtype: str) -> list[str]:
+    """Every problem of PlasticLinear's fused kernel (``flexsn_dsl/plastic_kernels.py``) of ``synapse`` driving
+    ``neuron``, compiled for ``dtype``."""
+    from flexsn_dsl import plastic_kernels
+    from flexsn_dsl.synapse import read_synapse
+    model, compiled = read_synapse(synapse), compile_spec(neuron)
+    fn = plastic_kernels.plastic_module(model, compiled)
+    tl_dtype, pointer = DTYPES[dtype]
+    signature = {a: "i32" if a in PLASTIC_SIZES else pointer for a in fn.arg_names}
+    constants = {"_DTYPE": tl_dtype, "_BP": 16, "_BK": 64}
+    signature.update({k: "constexpr" for k in constants})
+    source = triton.compiler.ASTSource(fn, signature, constants)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    text = plastic_kernels.plastic_source(model, compiled)
+    literals = _float32_rounded(text) if dtype == "float64" else {}
+    return [f"{synapse.name} driving {neuron.name} ({dtype}), {p}" for p in problems(ptx, dtype, literals)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", type=Path)
@@ -224,12 +246,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="steps of a time tile in the float64 kernels (2: the tiled loop and the steps after it; "
                              "1: the steps once)")
     parser.add_argument("--delays", action="store_true", help="also the delay layers' kernels")
+    parser.add_argument("--plastic", nargs=2, action="append", default=[], metavar=("SYNAPSE", "NEURON"), type=Path,
+                        help="also PlasticLinear's fused kernel of a synapse spec driving a neuron spec (repeatable)")
     args = parser.parse_args(argv)
     print(f"triton {triton.__version__}, sm_90")
     found = [p for spec in args.specs for dtype in args.dtype for p in check(spec, dtype, args.tile)]
     if args.delays:
         found += [p for dtype in args.dtype for p in check_delays(dtype)]
-    what = f"{len(args.specs)} specs" + (" and the delay kernels" if args.delays else "")
+    found += [p for synapse, neuron in args.plastic for dtype in args.dtype for p in check_plastic(synapse, neuron, dtype)]
+    what = f"{len(args.specs)} specs" + (" and the delay kernels" if args.delays else "") + \
+        (f" and {len(args.plastic)} plastic kernels" if args.plastic else "")
     print("\n".join(found) if found else f"{what}: every kernel computes in its dtype")
     return 1 if found else 0
 

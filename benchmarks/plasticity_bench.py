@@ -1,14 +1,18 @@
-"""PlasticLinear's cost per step: (1) the weight update of the pair rule on a large matrix beside the floor of a
-dense rule, one read and one write of the weights (``w.copy_(w2)``); (2) the Song-Miller-Abbott network (1,000
+"""PlasticLinear's cost per step, fused kernel (``triton``) and torch loop: (1) a whole step of the pair rule on a
+large matrix (a batch of one) beside the floor of a dense rule, one read and one write of the weights
+(``w.copy_(w2)``); (2) the Song-Miller-Abbott network (1,000
 Poisson inputs, one LIF, batch 64 per-sample copies) in simulated seconds per wall second, beside SpikingJelly's
 ``STDPLearner`` on the same network when it is installed.
 
-    python benchmarks/plasticity_bench.py [--n 4096] [--batch 64] [--steps 1000]
+    python benchmarks/plasticity_bench.py [--n 4096] [--batch 64] [--steps 1000] [--backends triton torch]
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 import time
+import types
 
 import torch
 
@@ -46,33 +50,34 @@ def timed(fn, device: torch.device, repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-def weight_update(n: int, device: torch.device, repeat: int) -> None:
-    spec = flexsn_dsl.loads(PAIR)
-    w = torch.rand(n, n, device=device)
-    other = torch.rand(n, n, device=device)
-    apre, apost = torch.rand(1, n, device=device), torch.rand(1, n, device=device)
-    pre, post = torch.rand(1, n, device=device) < 0.05, torch.rand(1, n, device=device) < 0.05
-    update = lambda w, new, mask: torch.where(mask, new, w)[0]  # noqa: E731 (shared weights, one batch entry)
-
-    def step():
-        w2, traces = spec.on_pre(pre, update, w, apre, apost)
-        spec.on_post(post, update, w2, *traces)
-
-    floor = timed(lambda: w.copy_(other), device, repeat)
-    cost = timed(step, device, repeat)
-    print(f"weight update {n}x{n} float32: {cost * 1e6:.1f} us per step; read+write floor {floor * 1e6:.1f} us; "
-          f"ratio {cost / floor:.1f}")
+def weight_update(n: int, steps: int, device: torch.device, backends: list[str]) -> None:
+    """Per step of the pair rule on an n x n layer (shared weights, a batch of one): the whole step (current,
+    neuron, traces, weights) against the floor of a dense rule, one read and one write of the weights."""
+    w, other = torch.rand(n, n, device=device), torch.rand(n, n, device=device)
+    floor = timed(lambda: w.copy_(other), device, 20)
+    x = (torch.rand(steps, 1, n, device=device) < 0.05).float()
+    for backend in backends:
+        layer = flexsn_dsl.PlasticLinear(flexsn_dsl.loads(PAIR), n, n, flexsn_dsl.loads(LIF), weight=w.clone() * 0.01,
+                                         device=device, backend=backend)
+        cost = timed(lambda: layer(x), device, 3) / steps
+        print(f"PlasticLinear {backend:6} {n}x{n} float32, {steps} steps: {cost * 1e6:.1f} us per step; read+write "
+              f"floor {floor * 1e6:.1f} us; ratio {cost / floor:.2f}", flush=True)
 
 
-def song_abbott(batch: int, steps: int, device: torch.device) -> None:
-    layer = flexsn_dsl.PlasticLinear(flexsn_dsl.loads(PAIR), 1000, 1, flexsn_dsl.loads(LIF), per_sample=True,
-                                     weight=0.005, device=device)
+def song_abbott(batch: int, steps: int, device: torch.device, backends: list[str]) -> None:
     x = (torch.rand(steps, batch, 1000, device=device) < 0.015).float()
-    seconds = timed(lambda: (layer.reset(), layer(x)), device, 1)
-    print(f"Song-Abbott network, {batch} copies, {steps} steps: {seconds * 1e3 / steps:.3f} ms per step "
-          f"({steps * 1e-3 / seconds:.2f} simulated s per s)")
+    for backend in backends:
+        layer = flexsn_dsl.PlasticLinear(flexsn_dsl.loads(PAIR), 1000, 1, flexsn_dsl.loads(LIF), per_sample=True,
+                                         weight=0.005, device=device, backend=backend)
+        seconds = timed(lambda: (layer.reset(), layer(x)), device, 1)
+        print(f"Song-Abbott network {backend:6}, {batch} copies, {steps} steps: {seconds * 1e3 / steps:.4f} ms per "
+              f"step ({steps * 1e-3 / seconds:.2f} simulated s per s)", flush=True)
     try:
-        from spikingjelly.activation_based import layer as sj_layer, learning, neuron
+        importlib.import_module("torch.utils.tensorboard")  # SpikingJelly's monitor imports it at import time
+    except ImportError:  # the STDPLearner never writes a summary: let the import through without tensorboard
+        sys.modules["torch.utils.tensorboard"] = types.SimpleNamespace(SummaryWriter=None)
+    try:
+        from spikingjelly.activation_based import layer as sj_layer, learning, neuron  # noqa: PLC0415
     except ImportError:
         print("spikingjelly is not installed: no STDPLearner comparison")
         return
@@ -94,14 +99,15 @@ def song_abbott(batch: int, steps: int, device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--backends", nargs="+", default=["triton", "torch"], choices=["triton", "torch"])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=100, help="steps of the weight-update measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
-    weight_update(args.n, device, args.repeat)
-    song_abbott(args.batch, args.steps, device)
+    weight_update(args.n, args.repeat, device, args.backends)
+    song_abbott(args.batch, args.steps, device, args.backends)
 
 
 if __name__ == "__main__":

@@ -55,13 +55,15 @@ def main(argv: list[str] | None = None) -> torch.Tensor:
     parser.add_argument("--rate", type=float, default=15.0, help="input rate in Hz (default 15)")
     parser.add_argument("--chunk", type=int, default=1000, help="steps per call (default 1000)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dt", type=float, default=1.0e-4, help="time step in s (default 0.1 ms, Brian2's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    synapse = flexsn_dsl.loads(SYNAPSE)
-    w_max, dt = synapse.model.params["w_max"], synapse.model.dt
-    neuron = flexsn_dsl.loads(NEURON)
+    dt = args.dt
+    synapse = flexsn_dsl.loads(SYNAPSE.replace("dt: 1.0e-3", f"dt: {dt!r}"))
+    w_max = synapse.model.params["w_max"]
+    neuron = flexsn_dsl.loads(NEURON, params={"dt": dt})
     weight = torch.rand(args.batch, 1, args.inputs) * w_max  # uniform in [0, w_max], as Song et al.
     layer = flexsn_dsl.PlasticLinear(synapse, args.inputs, 1, neuron, per_sample=True, weight=weight, device=device)
     steps = round(args.seconds / dt)

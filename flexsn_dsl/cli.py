@@ -18,7 +18,7 @@ from .errors import MissingDependency, NIRError, ShapeError, SpecError, SpecWarn
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 KERNEL_CHOICES = ("model", "torch", "cores", "forward_core", "backward_core", "info", "module",
-                  "inference", "inference_final_state", "forward", "forward_final_state", "backward")
+                  "inference", "inference_final_state", "forward", "forward_final_state", "backward", "plastic")
 
 
 def _specs(paths: Sequence[str]) -> tuple[list[Path], list[SpecError]]:
@@ -199,6 +199,19 @@ def cmd_show(args) -> int:
     from .symbolic import language_text
     from .templates import kernel_source
     synapse = _synapse(Path(args.spec))
+    plastic = (args.kernel == "plastic", args.neuron is not None)
+    if any(plastic) and (synapse is None or not all(plastic)):
+        raise SpecError("--kernel plastic prints the fused kernel of a synapse spec driving a neuron spec",
+                        hint="give both: flexsn-dsl show SYNAPSE.yaml --kernel plastic --neuron NEURON.yaml")
+    if synapse is not None and args.kernel == "plastic":
+        from .plastic_kernels import plastic_source, unsupported
+        compiled = compile_with_options(Path(args.neuron), args)
+        reason = unsupported(compiled)
+        if reason is not None:
+            raise SpecError(f"synapse {synapse.name} cannot drive neuron {compiled.model.name} in a fused kernel: {reason}",
+                            hint="PlasticLinear runs such a neuron with backend='torch'")
+        print(plastic_source(synapse, compiled))
+        return 0
     if synapse is not None:
         from .synapse_torch import torch_source
         print(torch_source(synapse) if args.kernel == "torch" else
@@ -405,7 +418,9 @@ def _parser() -> argparse.ArgumentParser:
     add_spec_options(p, passes="enable a code-generation pass for every spec (repeatable)")
     p = command("show", cmd_show, "print a spec's parsed model or one piece of its generated code")
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--kernel", choices=KERNEL_CHOICES, default="model", help="what to print (default: model)")
+    p.add_argument("--kernel", choices=KERNEL_CHOICES, default="model", help="what to print (default: model; "
+                   "plastic: a synapse spec's fused kernel driving the neuron of --neuron)")
+    p.add_argument("--neuron", metavar="NEURON", help="with a synapse spec and --kernel plastic: the neuron spec it drives")
     add_spec_options(p, passes="enable a code-generation pass (repeatable)")
     p = command("simulate", cmd_simulate, "run a neuron on a driving input: spike count, rate, final states; "
                 "plot the traces or an f-I curve")

@@ -10,16 +10,21 @@ import hashlib
 import math
 import os
 import sys
+import warnings
 from typing import Callable, Mapping
 
 import torch
 from torch import nn
 
 from .compiler import import_source
-from .errors import ShapeError
+from .errors import ShapeError, SpecError
 from .source import read_spec, spec_text
 from .synapse import SynapseModel, build_synapse
 from .synapse_torch import torch_source
+from .runtime import FlexSN
+from .triton_autograd import kernel_params, on_device
+from .triton_settings import _compute_dtype, _torch_compute_dtype, triton
+from . import plastic_kernels
 
 
 class SynapseSpec:
@@ -78,6 +83,10 @@ def _sample_update(w: torch.Tensor, new, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, new, w)
 
 
+BACKENDS = ("auto", "triton", "torch")
+_MAX_OFFSET = 2**31  # the fused kernel's offsets are int32
+
+
 class PlasticLinear(nn.Module):
     """All-to-all synapses from ``n_pre`` to ``n_post`` neurons that learn by a synapse spec, driving
     ``post_neuron`` (a neuron module, e.g. ``flexsn_dsl.load("lif.yaml")``).
@@ -93,8 +102,12 @@ class PlasticLinear(nn.Module):
 
     def __init__(self, spec, n_pre: int, n_post: int, post_neuron: nn.Module, *, per_sample: bool = False,
                  weight: torch.Tensor | float | None = None, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, backend: str = "auto"):
         super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+        self.backend = backend
+        self._warned = False
         for name, n in (("n_pre", n_pre), ("n_post", n_post)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be a positive whole number, got {n!r}")
@@ -127,7 +140,7 @@ class PlasticLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"synapse={self.spec.name!r}, n_pre={self.n_pre}, n_post={self.n_post}, "
-                f"per_sample={self.per_sample}")
+                f"per_sample={self.per_sample}, backend={self.backend!r}")
 
     def reset(self) -> None:
         """Forget the traces and the neuron's states (the weights stay)."""
@@ -195,7 +208,7 @@ class PlasticLinear(nn.Module):
         with torch.no_grad():
             x = x.to(dtype=dtype, device=self.weight.device)
             inputs = self._inputs(args, kwargs, T, B, x)
-            out = self._run(x, inputs)
+            out = self._run_fused(x, inputs) if self._use_fused(x) else self._run(x, inputs)
         return out[:, 0] if single else out
 
     def _run(self, x: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -232,3 +245,66 @@ class PlasticLinear(nn.Module):
             raise ShapeError(f"{self.spec.name}: the post neuron's output has shape {list(out.shape)}, not the step's "
                              f"{list(current.shape)}")
         return out.to(current.dtype)
+
+    def fused_unsupported(self, batch: int) -> str | None:
+        """Why the fused kernel cannot run this layer on a batch of ``batch``, or None when it can."""
+        neuron = self.post_neuron
+        if not isinstance(neuron, FlexSN):
+            return f"its post neuron is a {type(neuron).__name__}, not a flexsn-dsl neuron module (flexsn_dsl.load)"
+        if not self.per_sample and batch > 1:
+            return ("shared weights add up each step's changes over a batch of more than one, which the fused kernel "
+                    "does not do: use per_sample=True or a batch of one")
+        return plastic_kernels.unsupported(neuron._compiled)
+
+    def _use_fused(self, x: torch.Tensor) -> bool:
+        """Whether this call runs the fused kernel (``backend``, above)."""
+        if self.backend == "torch" or (self.backend == "auto" and not x.is_cuda):
+            return False
+        reason = self.fused_unsupported(x.shape[1])
+        if reason is None:
+            try:
+                plastic_kernels.plastic_module(self.spec, self.post_neuron._compiled)
+            except SpecError as exc:
+                reason = f"its kernel cannot be built: {exc}"
+        if reason is not None and self.backend == "triton":
+            raise SpecError(f"{self.spec.name}: the fused Triton kernel cannot run this layer: {reason}")
+        if reason is not None and not self._warned:
+            self._warned = True
+            warnings.warn(f"flexsn-dsl: {self.spec.name}: PlasticLinear runs a loop of torch steps: {reason}",
+                          stacklevel=3)
+        return reason is None
+
+    def _run_fused(self, x: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """The whole sequence in the fused kernel (:mod:`flexsn_dsl.plastic_kernels`)."""
+        spec, neuron = self.spec, self.post_neuron
+        T, B = x.shape[0], x.shape[1]
+        n_pre, n_post = self.n_pre, self.n_post
+        if max(T, 1) * B * max(n_pre, n_post) >= _MAX_OFFSET or B * n_post * n_pre >= _MAX_OFFSET:
+            raise ShapeError(f"{spec.name}: the fused kernel indexes with int32: T * B * n and B * n_post * n_pre "
+                             f"must stay below 2**31 (T={T}, B={B}, n_pre={n_pre}, n_post={n_post}); call it on "
+                             "fewer steps at a time")
+        compute = _torch_compute_dtype(x.dtype)
+        kernel = plastic_kernels.plastic_module(spec, neuron._compiled)
+        w = self._weight(B, x.dtype).reshape(-1, n_post, n_pre).contiguous()
+        traces = [t.to(compute) for t in self._start(B, x)]
+        n_traces = len(spec.pre)
+        rows = min(triton.next_power_of_2(n_post), 16)
+        cols = min(triton.next_power_of_2(n_pre), max(32, 4096 // rows))
+        blocks = -(-n_post // rows)
+        pre = torch.stack(traces[:n_traces]) if n_traces else x.new_zeros(1, B, n_pre, dtype=compute)
+        own = pre[:, :, None].expand(-1, B, blocks, n_pre).contiguous()  # a copy for each block of rows
+        post = torch.stack(traces[n_traces:]) if spec.post else x.new_zeros(1, B, n_post, dtype=compute)
+        like = x.new_zeros(1, B, n_post, dtype=compute)
+        states = torch.stack([s.to(compute).expand(B, n_post) for s in neuron.starting_states(like)]).contiguous()
+        scalars = kernel_params(neuron._compiled, neuron._param_values(), like)[0]
+        params = torch.stack(scalars) if scalars else like.new_zeros(1)
+        given = torch.stack(inputs).contiguous() if inputs else like.new_zeros(1)
+        out = x.new_empty(T, B, n_post)
+        with on_device(x):
+            kernel[(B, blocks)](x.contiguous(), out, w, own, post, states, given, params, T, B, blocks, n_pre, n_post,
+                                _DTYPE=_compute_dtype(x.dtype), _BP=rows, _BK=cols)
+        self.weight = (w if self.per_sample else w[0]).to(self.weight.dtype)
+        finals = [*own[:, :, 0].unbind(0)[:n_traces], *post.unbind(0)[:len(spec.post)]]
+        self.traces = dict(zip([*spec.pre, *spec.post], finals))
+        neuron.keep_states(list(states.unbind(0)))
+        return out

@@ -204,17 +204,20 @@ class Printer:
         self.helpers: set[str | int] = set()  # Triton helpers the printed text calls: names, or n of _pow_<n>
 
     def helper_source(self) -> str:
-        """The ``@triton.jit`` helpers the text printed so far calls: ``_pow_<n>`` by n, then
+        """The ``@triton.jit`` helpers the text printed so far calls (:meth:`helper_blocks`), as source."""
+        return "".join(block + "\n\n" for block in self.helper_blocks())
+
+    def helper_blocks(self) -> list[str]:
+        """The source blocks of the helpers the text printed so far calls: ``_pow_<n>`` by n, then
         the general power and its derivatives, the functions, the instructions (each once, in this
         fixed order)."""
         squares = sorted(h for h in self.helpers if isinstance(h, int))
         named = [h for h in _POW_HELPERS if h in self.helpers]
         instructions = [h for h in _INSTRUCTION_HELPERS if h in self.helpers]
         functions = [h for h in _FUNCTION_HELPERS if h in self.helpers]
-        return "".join(_squaring_helper(n) + "\n\n" for n in squares) + \
-            "".join(_POW_HELPERS[h] + "\n\n" for h in named) + \
-            "".join(_FUNCTION_HELPERS[h] + "\n\n" for h in functions) + \
-            (_GPU + "\n\n" if instructions else "") + "".join(_INSTRUCTION_HELPERS[h] + "\n\n" for h in instructions)
+        return [_squaring_helper(n) for n in squares] + [_POW_HELPERS[h] for h in named] + \
+            [_FUNCTION_HELPERS[h] for h in functions] + ([_GPU] if instructions else []) + \
+            [_INSTRUCTION_HELPERS[h] for h in instructions]
 
     def __call__(self, expr) -> str:
         return self._print(sympy.sympify(expr), 0)

@@ -399,6 +399,20 @@ class FlexSN(nn.Module):
             outputs = [o[0] for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    def starting_states(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The states a call on steps ``x`` ([T, ...]) starts from, in the spec's order: those carried from
+        the last call, else every state's initial value (for code that runs this neuron's step itself, as
+        :class:`flexsn_dsl.PlasticLinear`'s fused kernel; :meth:`keep_states` hands the final ones back)."""
+        states = self._carried(x) if self.states else []
+        if len(states) < len(self.spec.states):
+            params = self._param_values() if self._runtime_params else {}
+            states = self._initial_states(self._initial_values(params), x[0] if x.shape[0] else x.new_zeros(x.shape[1:]))
+        return states
+
+    def keep_states(self, finals: Sequence[torch.Tensor]) -> None:
+        """Carry ``finals`` (the spec's states, in order) to the next call, as a call of this module does."""
+        _set(self, "states", dict(zip(self.spec.states, finals)))
+
     def _carried(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The states carried from the last call, in the dtype and device of ``x`` (the inputs [T, ...]), a
         ValueError when their shape is not a step's; fewer than the spec's states when not all are carried."""

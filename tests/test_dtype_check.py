@@ -1,5 +1,6 @@
 """Every generated kernel computes in its own dtype: ``benchmarks/dtype_check.py`` compiles each zoo spec's
-kernels (and a spec with every function of the language, and the delay layers' kernels) for sm_90 with Triton's own compiler, no GPU, in
+kernels (and a spec with every function of the language, the delay layers' kernels and PlasticLinear's fused
+kernels) for sm_90 with Triton's own compiler, no GPU, in
 float64 and float32, and reads their PTX (issue 38: since the short-chain cores, float64 kernels compared
 and fused with float32 constants, which no test on the interpreter saw).
 
@@ -20,6 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "neurons").glob("*.yaml")) + [ROOT / "tests" / "specs" / "every_function.yaml"]
+PLASTIC = [(ROOT / "tests" / "specs" / "stdp_triplet.yaml", ROOT / "neurons" / "lif.yaml"),
+           (ROOT / "tests" / "specs" / "stdp_reward.yaml", ROOT / "neurons" / "izhikevich.yaml")]
 GROUPS = 4  # specs split so that pytest-xdist spreads the compiles
 OLDEST = os.environ.get("FLEXSN_DSL_OLDEST_TRITON", "")
 TRITONS = ["installed"] + (["oldest"] if OLDEST else [])
@@ -43,9 +46,11 @@ def test_every_kernel_computes_in_its_dtype(group, triton, tmp_path):
     # the oldest: float64 (the rules that differ), each step once (its numbers are the cores', tiles or not)
     dtypes = ["float64", "--tile", "1"] if triton == "oldest" else ["float64", "float32"]
     delays = ["--delays"] if group == 0 else []  # (the delay layers' kernels, once)
-    done = _run([str(s) for s in specs] + ["--dtype", *dtypes] + delays, triton, tmp_path)
+    plastic = [a for pair in PLASTIC for a in ("--plastic", *map(str, pair))] if group == 1 else []
+    done = _run([str(s) for s in specs] + ["--dtype", *dtypes] + delays + plastic, triton, tmp_path)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    what = f"{len(specs)} specs" + (" and the delay kernels" if delays else "")
+    what = f"{len(specs)} specs" + (" and the delay kernels" if delays else "") + \
+        (f" and {len(PLASTIC)} plastic kernels" if plastic else "")
     assert f"{what}: every kernel computes in its dtype" in done.stdout
     if triton == "oldest":
         assert "triton 3.6" in done.stdout.splitlines()[0]
