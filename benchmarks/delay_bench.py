@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -20,25 +21,17 @@ from torch import nn
 
 import flexsn_dsl
 
-LIF = Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml"
-SHD_TRAIN = 8156
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import shd_delays  # noqa: E402
+
+LIF = shd_delays.LIF
+SHD_TRAIN = shd_delays.TRAIN_SAMPLES
 SIZES = (700, 256, 256, 20)
 
 
-class DelayNet(nn.Module):
-    """DelayLinear + LIF per layer (the output layer's spikes summed over time as logits)."""
-
-    def __init__(self, max_delay: int, backend: str):
-        super().__init__()
-        self.layers = nn.ModuleList(flexsn_dsl.DelayLinear(a, b, max_delay, backend=backend)
-                                    for a, b in zip(SIZES, SIZES[1:]))
-        self.neurons = nn.ModuleList(flexsn_dsl.load(LIF, backend=backend) for _ in self.layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer, neuron in zip(self.layers, self.neurons):
-            x = neuron(layer(x))
-            neuron.reset()
-        return x.sum(0)
+def DelayNet(max_delay: int, backend: str) -> nn.Module:
+    """DelayLinear + LIF per layer (examples/shd_delays.py's network)."""
+    return shd_delays.DelayNet(SIZES, max_delay, backend)
 
 
 class DclsNet(nn.Module):

@@ -13,6 +13,7 @@ import importlib
 import sys
 import time
 import types
+from pathlib import Path
 
 import torch
 
@@ -64,14 +65,62 @@ def weight_update(n: int, steps: int, device: torch.device, backends: list[str])
               f"floor {floor * 1e6:.1f} us; ratio {cost / floor:.2f}", flush=True)
 
 
-def song_abbott(batch: int, steps: int, device: torch.device, backends: list[str]) -> None:
-    x = (torch.rand(steps, batch, 1000, device=device) < 0.015).float()
+def song_abbott_specs(dt: float):
+    """The synapse and neuron of examples/song_abbott.py at time step ``dt``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import song_abbott  # noqa: PLC0415
+    return (flexsn_dsl.loads(song_abbott.SYNAPSE.replace("dt: 1.0e-3", f"dt: {dt!r}")),
+            flexsn_dsl.loads(song_abbott.NEURON, params={"dt": dt}))
+
+
+def song_abbott(batch: int, steps: int, dt: float, device: torch.device, backends: list[str]) -> None:
+    """examples/song_abbott.py's network (1,000 Poisson inputs at 15 Hz, one conductance-based LIF, additive STDP),
+    ``batch`` independent copies, ``steps`` steps of ``dt``: simulated seconds per wall second."""
+    x = (torch.rand(steps, batch, 1000, device=device) < 15.0 * dt).float()
     for backend in backends:
-        layer = flexsn_dsl.PlasticLinear(flexsn_dsl.loads(PAIR), 1000, 1, flexsn_dsl.loads(LIF), per_sample=True,
-                                         weight=0.005, device=device, backend=backend)
+        synapse, neuron = song_abbott_specs(dt)
+        layer = flexsn_dsl.PlasticLinear(synapse, 1000, 1, neuron, per_sample=True, weight=0.005, device=device,
+                                         backend=backend)
         seconds = timed(lambda: (layer.reset(), layer(x)), device, 1)
-        print(f"Song-Abbott network {backend:6}, {batch} copies, {steps} steps: {seconds * 1e3 / steps:.4f} ms per "
-              f"step ({steps * 1e-3 / seconds:.2f} simulated s per s)", flush=True)
+        print(f"Song-Abbott network {backend:6}, {batch} copies, {steps} steps of {dt * 1e3:g} ms: "
+              f"{seconds * 1e6 / steps:.2f} us per step ({steps * dt / seconds:.3f} simulated s per wall s)", flush=True)
+
+
+def brian2_song_abbott(copies: int, seconds: float, target: str) -> None:
+    """The same network in Brian2 (its runtime device, code generation ``target``) on the CPU, ``copies`` copies
+    in one network (each neuron with its own 1,000 inputs), at Brian2's default step of 0.1 ms."""
+    import brian2 as b2  # noqa: PLC0415
+    b2.prefs.codegen.target = target
+    b2.start_scope()
+    ms, mV, Hz = b2.ms, b2.mV, b2.Hz
+    n, gmax, taupre, taupost = 1000, 0.01, 20 * ms, 20 * ms
+    d_pre = 0.01 * gmax
+    d_post = -0.01 * taupre / taupost * 1.05 * gmax
+    neurons = b2.NeuronGroup(copies, "dv/dt = (ge * (0*mV - v) + (-74*mV) - v) / (10*ms) : volt\n"
+                             "dge/dt = -ge / (5*ms) : 1", threshold="v > -54*mV", reset="v = -60*mV", method="euler")
+    neurons.v = -60 * mV
+    inputs = b2.PoissonGroup(n * copies, rates=15 * Hz)
+    synapses = b2.Synapses(inputs, neurons, "w : 1\ndApre/dt = -Apre / taupre : 1 (event-driven)\n"
+                           "dApost/dt = -Apost / taupost : 1 (event-driven)",
+                           on_pre="ge += w\nApre += d_pre\nw = clip(w + Apost, 0, gmax)",
+                           on_post="Apost += d_post\nw = clip(w + Apre, 0, gmax)",
+                           namespace={"taupre": taupre, "taupost": taupost, "d_pre": d_pre, "d_post": d_post,
+                                      "gmax": gmax})
+    synapses.connect("j == i // n", namespace={"n": n})
+    synapses.w = "rand() * gmax"
+    net = b2.Network(neurons, inputs, synapses)
+    net.run(10 * ms)  # code generation and compilation, not timed
+    start = time.perf_counter()
+    net.run(seconds * b2.second)
+    wall = time.perf_counter() - start
+    print(f"Brian2 {b2.__version__} runtime ({target}), {copies} copies, {seconds:g} s of 0.1 ms steps on the CPU: "
+          f"{wall * 1e6 / (seconds / 1e-4):.2f} us per step ({seconds / wall:.3f} simulated s per wall s)", flush=True)
+
+
+def spikingjelly_song_abbott(batch: int, steps: int, dt: float, device: torch.device) -> None:
+    """SpikingJelly's ``STDPLearner`` on a Linear(1000, 1) and a LIFNode, stepped from Python (shared weights: it
+    has no per-sample ones), on the same inputs."""
+    x = (torch.rand(steps, batch, 1000, device=device) < 15.0 * dt).float()
     try:
         importlib.import_module("torch.utils.tensorboard")  # SpikingJelly's monitor imports it at import time
     except ImportError:  # the STDPLearner never writes a summary: let the import through without tensorboard
@@ -93,7 +142,8 @@ def song_abbott(batch: int, steps: int, device: torch.device, backends: list[str
             fc.weight.data += learner.step(on_grad=False)
 
     seconds = timed(run, device, 1)
-    print(f"SpikingJelly STDPLearner (shared weights): {seconds * 1e3 / steps:.3f} ms per step")
+    print(f"SpikingJelly STDPLearner (shared weights), {batch} copies, {steps} steps: {seconds * 1e6 / steps:.2f} us per "
+          f"step ({steps * dt / seconds:.3f} simulated s per wall s)")
 
 
 def main() -> None:
@@ -103,11 +153,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=100, help="steps of the weight-update measurement")
+    parser.add_argument("--dt", type=float, default=1e-4, help="the Song-Abbott network's step (default 0.1 ms, Brian2's)")
+    parser.add_argument("--brian2", nargs="*", default=[], choices=["numpy", "cython"],
+                        help="also Brian2's runtime on the CPU with these code-generation targets")
+    parser.add_argument("--brian2-seconds", type=float, default=1.0, help="simulated seconds of the Brian2 run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
     weight_update(args.n, args.repeat, device, args.backends)
-    song_abbott(args.batch, args.steps, device, args.backends)
+    song_abbott(args.batch, args.steps, args.dt, device, args.backends)
+    spikingjelly_song_abbott(args.batch, args.steps, args.dt, device)
+    for target in args.brian2:
+        brian2_song_abbott(args.batch, args.brian2_seconds, target)
 
 
 if __name__ == "__main__":

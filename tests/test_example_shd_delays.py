@@ -1,0 +1,60 @@
+"""examples/shd_delays.py: SHD's events binned into steps as the data set defines them, read from files of SHD's
+layout, and the training loop on SHD-shaped random data (a CPU smoke run of the GPU benchmark's script)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import shd_delays  # noqa: E402
+
+
+def events(seed: int, n: int) -> tuple[list, list]:
+    g = np.random.default_rng(seed)
+    sizes = g.integers(0, 60, n)
+    return ([np.sort(g.uniform(0, 0.05, k)) for k in sizes], [g.integers(0, 700, k).astype(np.uint16) for k in sizes])
+
+
+def by_hand(times, units, steps: int, dt: float) -> np.ndarray:
+    x = np.zeros((steps, len(times), 700))
+    for b, (ts, us) in enumerate(zip(times, units)):
+        for t, u in zip(ts, us):
+            if int(np.floor(t / dt)) < steps:  # step floor(t / dt)
+                x[int(np.floor(t / dt)), b, u] = 1
+    return x
+
+
+def test_binning_drops_late_spikes_and_caps_counts_at_one():
+    times, units = events(0, 5)
+    times[0] = np.array([0.0, 0.0004, 0.0011, 0.0299, 0.03, 0.049])  # two in one step, one on a step's edge, late ones
+    units[0] = np.array([3, 3, 4, 5, 6, 7], dtype=np.uint16)
+    x = shd_delays.bin_events(times, units, 30, 1e-3, torch.device("cpu"))
+    np.testing.assert_array_equal(x.numpy(), by_hand(times, units, 30, 1e-3))
+    assert x[0, 0, 3] == 1 and x[1, 0, 4] == 1 and x[29, 0, 5] == 1 and x[:, 0, 6:8].sum() == 0
+
+
+def test_reads_files_of_shds_layout(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    times, units = events(1, 4)
+    with h5py.File(tmp_path / "shd_test.h5", "w") as f:
+        f.create_dataset("spikes/times", data=np.array(times, dtype=object), dtype=h5py.vlen_dtype(np.float32))
+        f.create_dataset("spikes/units", data=np.array(units, dtype=object), dtype=h5py.vlen_dtype(np.uint16))
+        f.create_dataset("labels", data=np.array([3, 1, 19, 0], dtype=np.uint16))
+    t, u, labels = shd_delays.read_shd(tmp_path / "shd_test.h5")
+    assert labels.tolist() == [3, 1, 19, 0]
+    x = shd_delays.bin_events(t, u, 40, 1e-3, torch.device("cpu"))
+    np.testing.assert_array_equal(x.numpy(), by_hand([a.astype(np.float32) for a in times], units, 40, 1e-3))
+
+
+def test_trains_on_random_data_of_shds_shapes(capsys):
+    seconds = shd_delays.main(["--samples", "12", "--batch", "6", "--steps", "25", "--hidden", "6", "--max-delay", "5",
+                               "--epochs", "2", "--rate", "20", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    assert "RANDOM data of SHD shapes: 12 training samples, 25 steps of 1 ms" in out and "epoch 2:" in out
+    losses = [float(line.split("loss ")[1].split(",")[0]) for line in out.splitlines() if line.startswith("epoch")]
+    assert all(np.isfinite(losses)) and losses[0] != losses[1]  # the delays and weights moved
