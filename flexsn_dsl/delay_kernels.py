@@ -6,17 +6,22 @@ folded into two taps per synapse, ``a = w (1 - f)`` and ``c = w f`` (computed by
 dtype: the kernels hold no floating-point literal), so that
 
 - :func:`linear_forward`: ``y[t, b, j] = bias[j] + sum_i a[j,i] xs[P+t-k, b, i] + c[j,i] xs[P+t-k-1, b, i]``,
-  a gather and sum over ``i`` for each tile of rows ``(t, b)`` and outputs ``j``;
-- :func:`linear_grad_input`: the same sum transposed, written as a gather over ``j``: ``xs[s]`` receives from
-  ``y[s - P + k]`` (tap ``a``) and ``y[s - P + k + 1]`` (tap ``c``);
+  a loop over ``i`` for each tile of outputs ``j`` by steps ``t`` (of one ``b``);
+- :func:`linear_grad_input`: the same sum transposed, written as a gather over ``j`` for each tile of inputs
+  ``i`` by steps ``s``: ``xs[s]`` receives from ``y[s - P + k]`` (tap ``a``) and ``y[s - P + k + 1]`` (tap ``c``);
 - :func:`linear_grad_taps`: ``S0[j,i] = sum_{t,b} g[t,b,j] xs[P+t-k, b, i]`` and ``S1`` (the same at
-  ``-k-1``), each program reducing over all rows of one tile of synapses: deterministic, no atomics;
+  ``-k-1``), each program summing one row ``j`` and block of ``i`` over ``b`` and blocks of ``t`` in a fixed
+  order: deterministic, no atomics;
 - :func:`channel_forward`, :func:`channel_grad_input`, :func:`channel_grad_delay`: the same for one delay
   per channel (``y[t, b, c] = a[c] xs[P+t-k, b, c] + f[c] xs[P+t-k-1, b, c]``), the delay's partial sums
   one row of blocks per program, summed by the caller.
 
-Nothing of size ``max_delay`` is allocated: the delays are indices. Offsets are int32 (``L * B * I`` below
-2**31, checked by the callers)."""
+The linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` (made by the host functions
+for the call, as are the forward's taps transposed to ``[I, J]``): a tile's axis along time is contiguous
+in memory, so that its loads are coalesced whatever the delays (in ``[steps, B, n]`` each synapse's delay
+puts a lane's load in its own row, ``B * n`` elements from its neighbour's). Nothing of size ``max_delay``
+is allocated: the delays are indices. Offsets are int32 (each tensor below 2**31 elements, checked by the
+host functions)."""
 from __future__ import annotations
 
 import torch
@@ -28,76 +33,81 @@ import triton.language as tl  # noqa: E402
 __all__ = ["channel_forward", "channel_grad_delay", "channel_grad_input", "linear_forward", "linear_grad_input",
            "linear_grad_taps"]
 
-ROWS = 32  # rows (t, b) of a tile
-COLS = 32  # outputs j (forward), inputs i (grad of the input) or channels of a tile
-TAPS = 16  # synapses (j and i) of a reduction tile, each way
+STEPS = 64  # steps t (forward, taps) or s (grad of the input) of a linear kernel's tile: contiguous in memory
+SYNAPSES = 32  # outputs j (forward) or inputs i (backward) of a linear kernel's tile
+ROWS = 32  # rows (t, b) of a channel kernel's tile
+COLS = 32  # channels of a channel kernel's tile
 
 
 @triton.jit
-def _linear_forward(xs, a, c, k, bias, y, T, B, I, J, P,
-                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    row, col = n < T * B, j < J
-    t, b = n // B, n % B
-    inside = row[:, None] & col[None, :]
-    acc = tl.zeros((BLOCK_N, BLOCK_J), dtype=y.dtype.element_ty)
+def _linear_forward(xt, a, c, k, bias, y, T, B, I, J, P,
+                    HAS_BIAS: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr):
+    # a flat grid over (b, block of t, block of j), j the fastest: programs side by side read the same rows
+    p, blocks_j, blocks_t = tl.program_id(0), tl.cdiv(J, BLOCK_J), tl.cdiv(T, BLOCK_T)
+    b = p // (blocks_j * blocks_t)
+    t = p // blocks_j % blocks_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    j = p % blocks_j * BLOCK_J + tl.arange(0, BLOCK_J)
+    col = j < J
+    inside = col[:, None] & (t < T)[None, :]
+    acc = tl.zeros((BLOCK_J, BLOCK_T), dtype=y.dtype.element_ty)
     if HAS_BIAS:
-        acc += tl.load(bias + j, mask=col, other=0)[None, :]
+        acc += tl.load(bias + j, mask=col, other=0)[:, None]
     for i in range(I):
-        kj = tl.load(k + j * I + i, mask=col, other=0)
-        aj = tl.load(a + j * I + i, mask=col, other=0)
-        cj = tl.load(c + j * I + i, mask=col, other=0)
-        s = (P + t)[:, None] - kj[None, :]
-        x0 = tl.load(xs + (s * B + b[:, None]) * I + i, mask=inside & (s >= 0), other=0)
-        x1 = tl.load(xs + ((s - 1) * B + b[:, None]) * I + i, mask=inside & (s >= 1), other=0)
-        acc += aj[None, :] * x0 + cj[None, :] * x1
-    tl.store(y + n[:, None] * J + j[None, :], acc, mask=inside)
+        kj = tl.load(k + i * J + j, mask=col, other=0)  # (taps [I, J])
+        aj = tl.load(a + i * J + j, mask=col, other=0)
+        cj = tl.load(c + i * J + j, mask=col, other=0)
+        s = (P + t)[None, :] - kj[:, None]
+        at = xt + (b * I + i) * (P + T) + s
+        x0 = tl.load(at, mask=inside & (s >= 0), other=0)
+        x1 = tl.load(at - 1, mask=inside & (s >= 1), other=0)
+        acc += aj[:, None] * x0 + cj[:, None] * x1
+    tl.store(y + (t[None, :] * B + b) * J + j[:, None], acc, mask=inside)
 
 
 @triton.jit
-def _linear_grad_input(g, a, c, k, gx, L, T, B, I, J, P, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    row, col = n < L * B, i < I
-    s, b = n // B, n % B
-    inside = row[:, None] & col[None, :]
-    acc = tl.zeros((BLOCK_N, BLOCK_I), dtype=gx.dtype.element_ty)
+def _linear_grad_input(gt, a, c, k, gx, L, T, B, I, J, P, BLOCK_I: tl.constexpr, BLOCK_S: tl.constexpr):
+    p, blocks_i, blocks_s = tl.program_id(0), tl.cdiv(I, BLOCK_I), tl.cdiv(L, BLOCK_S)
+    b = p // (blocks_i * blocks_s)
+    s = p // blocks_i % blocks_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    i = p % blocks_i * BLOCK_I + tl.arange(0, BLOCK_I)
+    col = i < I
+    inside = col[:, None] & (s < L)[None, :]
+    acc = tl.zeros((BLOCK_I, BLOCK_S), dtype=gx.dtype.element_ty)
     for j in range(J):
         kj = tl.load(k + j * I + i, mask=col, other=0)
         aj = tl.load(a + j * I + i, mask=col, other=0)
         cj = tl.load(c + j * I + i, mask=col, other=0)
-        t = (s - P)[:, None] + kj[None, :]  # y[t] reads xs[s] through tap a, y[t + 1] through tap c
-        g0 = tl.load(g + (t * B + b[:, None]) * J + j, mask=inside & (t >= 0) & (t < T), other=0)
-        g1 = tl.load(g + ((t + 1) * B + b[:, None]) * J + j, mask=inside & (t >= -1) & (t < T - 1), other=0)
-        acc += aj[None, :] * g0 + cj[None, :] * g1
-    tl.store(gx + n[:, None] * I + i[None, :], acc, mask=inside)
+        t = (s - P)[None, :] + kj[:, None]  # y[t] reads xs[s] through tap a, y[t + 1] through tap c
+        at = gt + (b * J + j) * T + t
+        g0 = tl.load(at, mask=inside & (t >= 0) & (t < T), other=0)
+        g1 = tl.load(at + 1, mask=inside & (t >= -1) & (t < T - 1), other=0)
+        acc += aj[:, None] * g0 + cj[:, None] * g1
+    tl.store(gx + (s[None, :] * B + b) * I + i[:, None], acc, mask=inside)
 
 
 @triton.jit
-def _linear_grad_taps(g, xs, k, s0, s1, T, B, I, J, P,
-                      BLOCK_J: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_N: tl.constexpr):
-    j = tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)
-    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    pair = (j < J)[:, None] & (i < I)[None, :]
-    kji = tl.load(k + j[:, None] * I + i[None, :], mask=pair, other=0)
-    acc0 = tl.zeros((BLOCK_J, BLOCK_I), dtype=s0.dtype.element_ty)
-    acc1 = tl.zeros((BLOCK_J, BLOCK_I), dtype=s0.dtype.element_ty)
-    for n0 in range(0, T * B, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        row = n < T * B
-        t, b = n // B, n % B
-        gt = tl.load(g + n[None, :] * J + j[:, None], mask=row[None, :] & (j < J)[:, None], other=0)
-        s = (P + t)[None, None, :] - kji[:, :, None]
-        inside = pair[:, :, None] & row[None, None, :]
-        at = (b[None, None, :] + s * B) * I + i[None, :, None]
-        x0 = tl.load(xs + at, mask=inside & (s >= 0), other=0)
-        x1 = tl.load(xs + at - B * I, mask=inside & (s >= 1), other=0)
-        acc0 += tl.sum(gt[:, None, :] * x0, axis=2)
-        acc1 += tl.sum(gt[:, None, :] * x1, axis=2)
-    at = j[:, None] * I + i[None, :]
-    tl.store(s0 + at, acc0, mask=pair)
-    tl.store(s1 + at, acc1, mask=pair)
+def _linear_grad_taps(gt, xt, k, s0, s1, T, B, I, J, P, BLOCK_I: tl.constexpr, BLOCK_T: tl.constexpr):
+    p, blocks_i = tl.program_id(0), tl.cdiv(I, BLOCK_I)
+    j = p // blocks_i
+    i = p % blocks_i * BLOCK_I + tl.arange(0, BLOCK_I)
+    col = i < I
+    kj = tl.load(k + j * I + i, mask=col, other=0)
+    acc0 = tl.zeros((BLOCK_I, BLOCK_T), dtype=s0.dtype.element_ty)  # (summed over t once, at the end)
+    acc1 = tl.zeros((BLOCK_I, BLOCK_T), dtype=s0.dtype.element_ty)
+    for b in range(B):
+        for t0 in range(0, T, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            row = t < T
+            g = tl.load(gt + (b * J + j) * T + t, mask=row, other=0)
+            s = (P + t)[None, :] - kj[:, None]
+            inside = col[:, None] & row[None, :]
+            at = xt + (b * I + i[:, None]) * (P + T) + s
+            x0 = tl.load(at, mask=inside & (s >= 0), other=0)
+            x1 = tl.load(at - 1, mask=inside & (s >= 1), other=0)
+            acc0 += x0 * g[None, :]
+            acc1 += x1 * g[None, :]
+    tl.store(s0 + j * I + i, tl.sum(acc0, axis=1), mask=col)
+    tl.store(s1 + j * I + i, tl.sum(acc1, axis=1), mask=col)
 
 
 @triton.jit
@@ -152,28 +162,44 @@ def _blocks(n: int, block: int) -> int:
     return max(1, -(-n // block))
 
 
+def _int32(*sizes: int) -> None:
+    """Raises where an index of the call would not fit the kernels' int32 offsets."""
+    if max(sizes) >= 2**31:
+        raise ValueError(f"the delay kernels index with int32: each tensor of the call must have fewer than 2**31 "
+                         f"elements, got {max(sizes)}; call the layer on fewer steps or a smaller batch")
+
+
+def _time_major(x: torch.Tensor) -> torch.Tensor:
+    """``x [steps, B, n]`` as ``[B, n, steps]``, contiguous: each (b, n)'s steps in a row (a transient copy)."""
+    return x.permute(1, 2, 0).contiguous()
+
+
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
                    T: int, P: int) -> torch.Tensor:
     """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring)."""
-    _, B, I = xs.shape
+    L, B, I = xs.shape
     J = a.shape[0]
     y = xs.new_empty((T, B, J))
     if y.numel():
-        grid = (_blocks(T * B, ROWS), _blocks(J, COLS))
-        _linear_forward[grid](xs, a, c, k, bias if bias is not None else a, y, T, B, I, J, P,
-                              HAS_BIAS=bias is not None, BLOCK_N=ROWS, BLOCK_J=COLS)
+        _int32(L * B * I, T * B * J)
+        grid = (B * _blocks(J, SYNAPSES) * _blocks(T, STEPS),)
+        _linear_forward[grid](_time_major(xs), a.T.contiguous(), c.T.contiguous(), k.T.contiguous(),
+                              bias if bias is not None else a, y, T, B, I, J, P,
+                              HAS_BIAS=bias is not None, BLOCK_J=SYNAPSES, BLOCK_T=STEPS)
     return y
 
 
 def linear_grad_input(g: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, L: int, P: int
                       ) -> torch.Tensor:
-    """The gradient of ``xs [L, B, I]`` from that of ``y``, ``g [T, B, J]`` (contiguous)."""
+    """The gradient of ``xs [L, B, I]`` from that of ``y``, ``g [T, B, J]``."""
     T, B, J = g.shape
     I = a.shape[1]
     gx = g.new_empty((L, B, I))
     if gx.numel():
-        grid = (_blocks(L * B, ROWS), _blocks(I, COLS))
-        _linear_grad_input[grid](g, a, c, k, gx, L, T, B, I, J, P, BLOCK_N=ROWS, BLOCK_I=COLS)
+        _int32(L * B * I, T * B * J)
+        grid = (B * _blocks(I, SYNAPSES) * _blocks(L, STEPS),)
+        _linear_grad_input[grid](_time_major(g), a.contiguous(), c.contiguous(), k.contiguous(), gx, L, T, B, I, J,
+                                 P, BLOCK_I=SYNAPSES, BLOCK_S=STEPS)
     return gx
 
 
@@ -181,11 +207,12 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int)
     """``(S0, S1)``, each ``[J, I]``: the input at ``-k`` and at ``-k-1`` steps, summed against ``g`` over
     (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``."""
     T, B, J = g.shape
-    I = xs.shape[2]
+    L, _, I = xs.shape
     s0, s1 = g.new_empty((J, I)), g.new_empty((J, I))
     if s0.numel():
-        grid = (_blocks(J, TAPS), _blocks(I, TAPS))
-        _linear_grad_taps[grid](g, xs, k, s0, s1, T, B, I, J, P, BLOCK_J=TAPS, BLOCK_I=TAPS, BLOCK_N=ROWS)
+        _int32(L * B * I, T * B * J)
+        _linear_grad_taps[(J * _blocks(I, SYNAPSES),)](_time_major(g), _time_major(xs), k.contiguous(), s0, s1,
+                                                       T, B, I, J, P, BLOCK_I=SYNAPSES, BLOCK_T=STEPS)
     return s0, s1
 
 
@@ -195,6 +222,7 @@ def channel_forward(xs: torch.Tensor, a: torch.Tensor, f: torch.Tensor, k: torch
     _, B, C = xs.shape
     y = xs.new_empty((T, B, C))
     if y.numel():
+        _int32(xs.numel())
         _channel_forward[(_blocks(T * B, ROWS), _blocks(C, COLS))](xs, a, f, k, y, T, B, C, P,
                                                                     BLOCK_N=ROWS, BLOCK_C=COLS)
     return y
@@ -206,6 +234,7 @@ def channel_grad_input(g: torch.Tensor, a: torch.Tensor, f: torch.Tensor, k: tor
     T, B, C = g.shape
     gx = g.new_empty((L, B, C))
     if gx.numel():
+        _int32(gx.numel())
         _channel_grad_input[(_blocks(L * B, ROWS), _blocks(C, COLS))](g, a, f, k, gx, L, T, B, C, P,
                                                                        BLOCK_N=ROWS, BLOCK_C=COLS)
     return gx
@@ -216,6 +245,7 @@ def channel_grad_delay(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: in
     T, B, C = g.shape
     part = g.new_zeros((_blocks(T * B, ROWS), C))
     if T * B and C:
+        _int32(xs.numel())
         _channel_grad_delay[(part.shape[0], _blocks(C, COLS))](g, xs, k, part, T, B, C, P,
                                                                BLOCK_N=ROWS, BLOCK_C=COLS)
     return part.sum(0)

@@ -124,6 +124,24 @@ def test_streaming_in_chunks_equals_one_call(backend):
     _same_values_and_gradients(chunked, whole, [x, layer.weight, layer.delay, layer.bias])
 
 
+def test_triton_tiles_of_several_blocks_equal_the_torch_backend():
+    """One more input, output and step than a tile of the linear kernels holds (and several batch rows, a
+    history, delays clamped at both ends): every program's block indexes as the single-tile cases do."""
+    from flexsn_dsl.delay_kernels import STEPS, SYNAPSES
+    n, T = SYNAPSES + 1, STEPS + 1
+    torch.manual_seed(5)
+    delays = torch.rand(n, n, dtype=F64) * 7 - 0.5
+    delays[0, :4] = torch.tensor([0.0, 3.0, 6.0, 6.5])
+    torch_layer, triton_layer = _layer("torch", delays, 6.0), _layer("triton", delays, 6.0)
+    x = torch.randn(T, 3, n, dtype=F64, requires_grad=True)
+    history = torch.randn(7, 3, n, dtype=F64)
+    y, want = (layer(x, history=history) for layer in (triton_layer, torch_layer))
+    _close(y, want)
+    for got, ref in zip(*(_grads(out, [x, layer.weight, layer.delay, layer.bias])
+                          for out, layer in ((y, triton_layer), (want, torch_layer)))):
+        _close(got, ref)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unbatched_input(backend):
     layer = _layer(backend, DELAYS, 3.0)
