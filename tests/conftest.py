@@ -157,3 +157,50 @@ class _LangPatchedAlready:
 
 
 _patch_the_interpreter_once_a_launch()
+
+
+def _interpreter_types_once() -> None:
+    """Triton's interpreter works out again, at every operation of a launch, two things that depend on their
+    arguments alone: the numpy dtype of a Triton type (``_get_np_dtype``: a table of 19 types built and
+    hashed at each call) and the block type of an element type and a shape (``get_block_ty``, called by
+    every block type's ``to_ir``: a new, equal block type, its shape validated again). Here each is worked
+    out once and looked up after (about a sixth of an interpreted launch's time; the same values: the types
+    are never changed once made). Pointer types, which cannot be hashed, are worked out as before. Left
+    alone where Triton's interpreter is off or its internals differ."""
+    if not interpreting():
+        return
+    try:
+        from triton.runtime import interpreter
+        import triton.language as tl
+    except ImportError:
+        return
+    np_dtype, builder = getattr(interpreter, "_get_np_dtype", None), getattr(interpreter, "InterpreterBuilder", None)
+    if np_dtype is None or getattr(builder, "get_block_ty", None) is None or getattr(np_dtype, "_once", False):
+        return
+    np_dtypes: dict[object, object] = {}
+    block_types: dict[tuple, object] = {}
+
+    def np_dtype_once(tt_dtype):
+        element = tt_dtype.element_ty if type(tt_dtype) is tl.block_type else tt_dtype
+        if isinstance(element, tl.pointer_type):
+            return np_dtype(element)
+        found = np_dtypes.get(element)
+        if found is None:
+            found = np_dtypes[element] = np_dtype(element)
+        return found
+
+    def block_type_once(self, dtype, shape):
+        if isinstance(dtype, tl.pointer_type):
+            return tl.block_type(dtype, shape)
+        key = (dtype, tuple(shape))
+        found = block_types.get(key)
+        if found is None:
+            found = block_types[key] = tl.block_type(dtype, shape)
+        return found
+
+    np_dtype_once._once = True
+    interpreter._get_np_dtype = np_dtype_once
+    builder.get_block_ty = block_type_once
+
+
+_interpreter_types_once()

@@ -17,6 +17,7 @@ import torch
 
 import flexsn_dsl
 from flexsn_dsl.errors import SpecError
+from flexsn_dsl.triton_settings import interpreting
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["triton", "torch"]
@@ -331,8 +332,17 @@ def test_ou_lif_follows_its_reference_on_the_numbers_it_drew(backend):
     torch.testing.assert_close(x.grad, x2.grad, rtol=1e-7, atol=1e-9)
 
 
+@pytest.fixture
+def one_program(monkeypatch):
+    """A population of 4,096 neurons in one program of Triton's interpreter (``FLEXSN_DSL_BLOCK``), not four of
+    1,024: each neuron's draws are keyed by its index, so the numbers are the same bits, and an interpreted
+    launch takes its time by program and operation, not by neuron (about 4x faster). Left alone on a GPU."""
+    if interpreting():
+        monkeypatch.setenv("FLEXSN_DSL_BLOCK", "4096")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ou_lif_current_has_its_stationary_deviation(backend):
+def test_ou_lif_current_has_its_stationary_deviation(backend, one_program):
     m = flexsn_dsl.load(ROOT / "neurons" / "ou_lif.yaml", backend=backend, store_state_seqs=True)
     torch.manual_seed(6)
     a = 1 - 0.1 / 5.0
@@ -363,7 +373,7 @@ def _expected_escape_spikes(x: float, T: int) -> float:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_escape_lif_fires_at_its_renewal_rate(backend):
+def test_escape_lif_fires_at_its_renewal_rate(backend, one_program):
     m = flexsn_dsl.load(ROOT / "neurons" / "escape_lif.yaml", backend=backend)
     torch.manual_seed(7)
     counts = m(torch.full((200, 4096), 0.95)).sum(0)
