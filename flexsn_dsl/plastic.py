@@ -16,12 +16,11 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
-from .compiler import import_source
+from .compiler import Compiled, import_source
 from .errors import ShapeError, SpecError
 from .source import read_spec, spec_text
 from .synapse import SynapseModel, build_synapse
 from .synapse_torch import torch_source
-from .runtime import FlexSN
 from .triton_autograd import kernel_params, on_device
 from .triton_settings import _compute_dtype, _torch_compute_dtype, triton
 from . import plastic_kernels
@@ -249,7 +248,7 @@ class PlasticLinear(nn.Module):
     def fused_unsupported(self, batch: int) -> str | None:
         """Why the fused kernel cannot run this layer on a batch of ``batch``, or None when it can."""
         neuron = self.post_neuron
-        if not isinstance(neuron, FlexSN):
+        if not isinstance(getattr(neuron, "_compiled", None), Compiled):  # (a FlexSN: runtime imports this module)
             return f"its post neuron is a {type(neuron).__name__}, not a flexsn-dsl neuron module (flexsn_dsl.load)"
         if not self.per_sample and batch > 1:
             return ("shared weights add up each step's changes over a batch of more than one, which the fused kernel "

@@ -184,7 +184,10 @@ def test_show_a_kernel(tmp_path):
 
 @pytest.mark.parametrize("kernel", KERNEL_CHOICES)
 def test_show_every_kernel_choice(kernel, capsys):
-    assert main(["show", str(NEURONS / "alif.yaml"), "--kernel", kernel]) == 0
+    """Every choice prints (plastic: a synapse spec's fused kernel driving alif)."""
+    alif = str(NEURONS / "alif.yaml")
+    spec = [str(Path(__file__).parent / "specs" / "stdp_pair.yaml"), "--neuron", alif] if kernel == "plastic" else [alif]
+    assert main(["show", *spec, "--kernel", kernel]) == 0
     out = capsys.readouterr().out
     assert out.strip()
     if kernel == "info":

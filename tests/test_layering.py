@@ -148,7 +148,9 @@ def test_the_delay_modules_import_only_their_kernels_and_the_settings():
 # model below the expressions and the printer; the module above them; none of them the neurons' runtime)
 SYNAPSE_LAYERS = {"synapse": {"errors", "expressions", "model.context", "model.numbers", "source", "symbolic"},
                   "synapse_torch": {"literals", "printer", "symbolic", "synapse"},
-                  "plastic": {"compiler", "errors", "source", "synapse", "synapse_torch"}}
+                  "plastic_kernels": {"compiler", "interpreter", "literals", "printer", "symbolic", "synapse", "templates"},
+                  "plastic": {"compiler", "errors", "plastic_kernels", "source", "synapse", "synapse_torch",
+                              "triton_autograd", "triton_settings"}}
 
 
 def test_the_synapse_modules_import_only_the_stages_below_them():

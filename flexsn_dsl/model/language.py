@@ -26,14 +26,15 @@ MAX_NAME = 128  # any other name
 MODULE_ATTRIBUTES = frozenset({
     "T_destination", "add_module", "apply", "backend", "bfloat16", "buffers", "call_super_init", "children",
     "compile", "cpu", "cuda", "detach", "double", "dump_patches", "eval", "extra_repr", "float", "forward",
-    "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half", "info", "ipu", "load_state_dict",
+    "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half", "info", "ipu", "keep_states",
+    "load_state_dict",
     "modules", "mtia", "named_buffers", "named_children", "named_modules", "named_parameters", "parameter_texts",
     "parameters", "recompute",
     "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
     "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
     "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
     "register_state_dict_pre_hook", "requires_grad_", "reset", "set_extra_state", "set_submodule",
-    "share_memory", "spec", "specialize", "state_dict", "state_seqs", "states", "step_mode", "store_state_seqs", "to",
+    "share_memory", "spec", "specialize", "starting_states", "state_dict", "state_seqs", "states", "step_mode", "store_state_seqs", "to",
     "to_empty", "train", "training", "type", "xpu", "zero_grad",
 })
 # Modules a neuron's name may not shadow: `flexsn-dsl build` writes NAME.py and NAME_torch.py, which
