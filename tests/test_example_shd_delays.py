@@ -54,7 +54,7 @@ def test_trains_on_random_data_of_shds_shapes(capsys):
     seconds = shd_delays.main(["--samples", "12", "--batch", "6", "--steps", "25", "--hidden", "6", "--max-delay", "5",
                                "--epochs", "2", "--rate", "20", "--device", "cpu"])
     out = capsys.readouterr().out
-    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    assert len(seconds) == 2  # one wall time an epoch
     assert "RANDOM data of SHD shapes: 12 training samples, 25 steps of 1 ms" in out and "epoch 2:" in out
     losses = [float(line.split("loss ")[1].split(",")[0]) for line in out.splitlines() if line.startswith("epoch")]
     assert all(np.isfinite(losses)) and losses[0] != losses[1]  # the delays and weights moved
