@@ -4,9 +4,10 @@ process (``pip install dcls``; skipped when it is not installed), on random spik
 
 Prints per longest delay and implementation: the training step's time (forward, backward, Adam; median of
 ``--repeat`` after a warm-up), one SHD epoch's worth (8,156 samples) at that rate, and the peak GPU memory of a
-step. ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
+step. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with
+the most time). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
 
-    python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
+    python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01] [--profile]
 """
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ class DclsNet(nn.Module):
         return x.sum(0)
 
 
-def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int) -> tuple[float, float]:
-    """(median seconds, peak GPU bytes) of a training step."""
+def training_step(net: nn.Module, x: torch.Tensor, labels: torch.Tensor):
+    """One training step of ``net`` (forward, cross-entropy, backward, Adam) as a function of nothing."""
     optimiser = torch.optim.Adam(net.parameters(), lr=1e-3)
 
     def step() -> None:
@@ -63,6 +64,12 @@ def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
+    return step
+
+
+def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int) -> tuple[float, float]:
+    """(median seconds, peak GPU bytes) of a training step."""
+    step = training_step(net, x, labels)
     step()
     if x.is_cuda:
         torch.cuda.synchronize()
@@ -77,6 +84,19 @@ def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int
     return statistics.median(times), torch.cuda.max_memory_allocated() if x.is_cuda else 0.0
 
 
+def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 15) -> None:
+    """Where a training step's device time goes: the kernels with the most, after a warm-up step."""
+    step = training_step(net, x, labels)
+    step()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if x.is_cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        if x.is_cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if x.is_cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-delays", type=int, nargs="+", default=[64, 256, 512])
@@ -84,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-B", type=int, default=256)
     parser.add_argument("--density", type=float, default=0.01, help="input spikes per step and channel")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="where a flexsn-dsl step's time goes, per delay")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
     args = parser.parse_args(argv)
     if args.quick:
@@ -94,6 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     labels = torch.randint(SIZES[-1], (args.B,), generator=g).to(device)
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}: T={args.T}, B={args.B}, "
           f"{' -> '.join(map(str, SIZES))} LIF, input density {args.density}")
+    if args.profile:
+        for max_delay in args.max_delays:
+            print(f"longest delay {max_delay}:")
+            profile(DelayNet(max_delay, "auto").to(device), x, labels)
+        return
     print("| longest delay | implementation | step (ms) | epoch of 8,156 (s) | peak memory (GB) |")
     print("|---|---|---|---|---|")
     for max_delay in args.max_delays:

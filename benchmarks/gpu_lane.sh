@@ -8,7 +8,8 @@
 # Wheels in .whl/ (nir, nirtorch, snntorch: the NIR peers) are installed to a private folder
 # first, for machines that reach no package index. With pytest-xdist installed, the suite runs
 # in $WORKERS processes (default 8; WORKERS=0 runs it in one). The log goes to $OUT/gpu-lane.log
-# (default /tmp/gpu-lane) and the last line is pytest's count; the exit status is pytest's.
+# (default /tmp/gpu-lane) and the last line is pytest's count; the exit status is pytest's. Each failure
+# is also written to $OUT/gpu-lane-failures.log as it happens (benchmarks/lane_failures.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -27,4 +28,4 @@ print(f"torch {torch.__version__}, triton {triton.__version__}, python {sys.vers
 PY
 workers=()
 if [ "${WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-8}"); fi
-python3 -m pytest -q -rfEs -p no:cacheprovider "${workers[@]}" tests plugins "$@" 2>&1 | tee "$OUT/gpu-lane.log"
+python3 -m pytest -q -rfEs -p no:cacheprovider -p benchmarks.lane_failures "${workers[@]}" tests plugins "$@" 2>&1 | tee "$OUT/gpu-lane.log"

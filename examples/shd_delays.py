@@ -70,14 +70,16 @@ def read_shd(path: Path) -> tuple[list, list, torch.Tensor]:
 
 
 def random_shd(samples: int, steps: int, dt: float, rate: float, seed: int) -> tuple[list, list, torch.Tensor]:
-    """Random events of SHD's shapes: each channel spikes at ``rate`` Hz over the ``steps`` steps; random labels."""
+    """Random events of SHD's shapes: each channel spikes at ``rate`` Hz over the ``steps`` steps; random labels.
+    Made on the CPU, as the events read from SHD's files are, whatever torch's default device."""
     g = torch.Generator().manual_seed(seed)
     times, units = [], []
-    for _ in range(samples):
-        n = int(torch.poisson(torch.tensor(rate * steps * dt * CHANNELS), generator=g))
-        times.append(torch.rand(n, generator=g, dtype=torch.float64) * steps * dt)
-        units.append(torch.randint(CHANNELS, (n,), generator=g))
-    return times, units, torch.randint(CLASSES, (samples,), generator=g)
+    with torch.device("cpu"):
+        for _ in range(samples):
+            n = int(torch.poisson(torch.tensor(rate * steps * dt * CHANNELS), generator=g))
+            times.append(torch.rand(n, generator=g, dtype=torch.float64) * steps * dt)
+            units.append(torch.randint(CHANNELS, (n,), generator=g))
+        return times, units, torch.randint(CLASSES, (samples,), generator=g)
 
 
 def run_epoch(net: nn.Module, data, steps: int, dt: float, batch: int, device: torch.device,

@@ -140,9 +140,20 @@ def _assignments(printer: Printer, lines) -> list[str]:
     return [f"    {identifier(sym.name)} = {printer(expr)}" for sym, expr in lines]
 
 
-def _tensor(printer: Printer, expr: sympy.Expr, like: str) -> str:
-    """Print ``expr``; a constant becomes a tensor shaped like ``like`` (loop-carried values must be)."""
-    if expr.free_symbols:
+def _per_element(roots: set[sympy.Symbol], lines) -> set[sympy.Symbol]:
+    """``roots`` (the values read per element: inputs, states, draws, shaped parameters) and every
+    symbol of ``lines`` assigned from one of them; the others are scalars (numbers and scalar parameters)."""
+    found = set(roots)
+    for sym, expr in lines:
+        if expr.free_symbols & found:
+            found.add(sym)
+    return found
+
+
+def _tensor(printer: Printer, expr: sympy.Expr, like: str, per_element: set[sympy.Symbol]) -> str:
+    """Print ``expr``; one that reads no per-element value becomes a tensor shaped like ``like``
+    (loop-carried values must be: ``v = 2 * a`` with ``a`` a scalar parameter is a block, not a scalar)."""
+    if expr.free_symbols & per_element:
         return printer(expr)
     return f"tl.zeros_like({like}) + {printer(expr)}"
 
@@ -203,7 +214,9 @@ def build_cores(ir: StepIR) -> Cores:
     returned = list(ir.outputs) + list(ir.next_states) + extras
     fwd += _assignments(p, used(ShortChain(ir.states).lines(ir.assignments), returned))
     folded = {s: e for s, e in ir.assignments if e.is_number}
-    fwd.append("    return " + ", ".join(_tensor(p, folded.get(s, s), first_tensor)
+    shaped = {sym for sym in ir.params + ir.fixed if sym.name in ir.shaped}
+    per_element = _per_element(set(ir.inputs + ir.states + ir.draws) | shaped, ir.assignments)
+    fwd.append("    return " + ", ".join(_tensor(p, folded.get(s, s), first_tensor, per_element)
                                        for s in list(ir.outputs) + list(ir.next_states) + extras))
 
     reverse = ShortChain(backward.seeds[len(ir.outputs):])  # the state gradients carry the backward's chain
@@ -224,7 +237,8 @@ def build_cores(ir: StepIR) -> Cores:
     if adjoints:
         bwd.append("    # adjoints, last assignment first")
         bwd += _assignments(p, adjoints)
-    bwd.append("    return " + ", ".join(_tensor(p, r, seed_ref) for r in results))
+    per_element = _per_element(set(backward.saved + backward.seeds + ir.draws) | shaped, recompute + adjoints)
+    bwd.append("    return " + ", ".join(_tensor(p, r, seed_ref, per_element) for r in results))
 
     info = FlexSNInfo(
         neuron=name,

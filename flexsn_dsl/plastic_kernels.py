@@ -115,7 +115,7 @@ def plastic_source(model: SynapseModel, compiled: Compiled) -> str:
     n_out, n_extra = len(info.output_names), len(info.fwd_core_returns) - len(info.output_names) - len(states)
     name = kernel_name(identifier(model.name, keyword_ok=True), info.neuron)
     k = [f"@triton.jit",
-         f"def {name}(x, out, w, pre_tr, post_tr, states, inputs, params, T, G, R, n_pre, n_post,",
+         f"def {name}(x, out, w, pre_tr, post_tr, states, inputs, scalars, T, G, R, n_pre, n_post,",
          f"{' ' * (len(name) + 5)}_DTYPE: tl.constexpr, _BP: tl.constexpr, _BK: tl.constexpr):",
          f'{I1}"""Synapse {identifier(model.name, keyword_ok=True)} driving neuron {info.neuron} over T steps '
          f'(flexsn_dsl/plastic_kernels.py says how)."""',
@@ -126,7 +126,7 @@ def plastic_source(model: SynapseModel, compiled: Compiled) -> str:
          f"{I1}_own = (_g * R + tl.program_id(1)) * n_pre  # this program's copy of the pre traces",
          f"{I1}_wrows = w + _g * n_post * n_pre + _rows[:, None] * n_pre",
          f"{I1}_cols0 = tl.arange(0, _BK)"]
-    k += [f"{I1}_param{j} = tl.load(params + {j}).to(_DTYPE)" for j in range(len(info.scalar_params))]
+    k += [f"{I1}_param{j} = tl.load(scalars + {j}).to(_DTYPE)" for j in range(len(info.scalar_params))]
     k += [f"{I1}_state{j} = tl.load(states + {j} * G * n_post + _post, mask=_rmask, other=0).to(_DTYPE)"
           for j in range(len(states))]
     k += [f"{I1}{_view('post', n)} = tl.load(post_tr + {j} * G * n_post + _post, mask=_rmask, other=0).to(_DTYPE)"

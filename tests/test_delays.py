@@ -54,7 +54,7 @@ def _layer(backend, delays, max_delay, bias=True, seed=0):
 
 
 def _grads(y, inputs, seed=1):
-    g = torch.randn(y.shape, dtype=F64, generator=torch.Generator().manual_seed(seed)).to(y.device)
+    g = torch.randn(y.shape, dtype=F64, generator=torch.Generator().manual_seed(seed), device="cpu").to(y.device)
     return torch.autograd.grad(y, inputs, g)
 
 

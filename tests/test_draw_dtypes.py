@@ -111,9 +111,10 @@ def test_float64_draws_have_53_bits_and_their_distributions():
     assert (n.float().double() != n).double().mean() > 0.99
     assert abs(a.mean().item() - 0.5) < 4 * math.sqrt(1 / 12 / count)
     assert abs(n.mean().item()) < 4 / math.sqrt(count) and abs(n.var().item() - 1) < 0.05
-    grid = torch.arange(1, count + 1, dtype=torch.float64) / count
+    grid = torch.arange(1, count + 1, dtype=torch.float64, device="cpu") / count
     assert (a.sort().values - grid).abs().max() < 1.95 / math.sqrt(count)  # KS, p < 0.001
-    reference = torch.randn(count, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    reference = torch.randn(count, generator=torch.Generator().manual_seed(0), dtype=torch.float64,
+                            device="cpu")
     both = torch.cat([n, reference])
     order = torch.argsort(both)
     steps = torch.where(order < count, 1.0, -1.0).double() / count  # empirical CDF difference along the sort

@@ -40,9 +40,9 @@ def test_brian2_triplet_rule_over_two_calls():
     outs = []
     for k in range(2):
         outs.append(layer(x[k * chunk:(k + 1) * chunk]))
-        np.testing.assert_allclose(layer.weight.numpy(), data["weights"][k], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(layer.weight.cpu().numpy(), data["weights"][k], rtol=0, atol=1e-12)
     post = torch.cat(outs)[:, 0]
-    assert torch.equal(post, spikes_from(data["post_steps"], data["post_indices"], T, n_post)[:2 * chunk])
+    assert torch.equal(post.cpu(), spikes_from(data["post_steps"], data["post_indices"], T, n_post)[:2 * chunk].cpu())
     assert post.sum() > 3 and (data["weights"][1] != data["w0"]).mean() > 0.5
 
 
@@ -56,16 +56,17 @@ def test_pair_rule_against_loops(shared):
     layer = flexsn_dsl.load(SPECS / "stdp_pair.yaml")(n_pre, n_post, lif(), weight=w0, per_sample=not shared,
                                                         backend="triton")
     out = layer(x)
-    ref_out, ref_w = pair_rule_by_hand(x.numpy(), w0.numpy(), shared)
+    ref_out, ref_w = pair_rule_by_hand(x.cpu().numpy(), w0.cpu().numpy(), shared)
     assert out.sum() > 5
-    np.testing.assert_array_equal(out.numpy(), ref_out)
-    np.testing.assert_allclose(layer.weight.numpy(), ref_w, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(out.cpu().numpy(), ref_out)
+    np.testing.assert_allclose(layer.weight.cpu().numpy(), ref_w, rtol=0, atol=1e-12)
 
 
 def run(backend: str, x: torch.Tensor, reward: torch.Tensor, n_post: int, calls: int):
     """The reward rule above on ``x`` in ``calls`` calls: spikes, weights, traces and the neuron's state."""
     neuron = lif()
-    w0 = torch.rand(n_post, x.shape[-1], dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 0.05
+    w0 = torch.rand(n_post, x.shape[-1], dtype=torch.float64, generator=torch.Generator().manual_seed(3),
+                    device="cpu").to(x.device) * 0.05
     layer = flexsn_dsl.loads(REWARD)(x.shape[-1], n_post, neuron, weight=w0, per_sample=True, backend=backend)
     out = torch.cat([layer(a, r) for a, r in zip(x.chunk(calls), reward.chunk(calls))])
     return out, layer.weight, layer.traces, neuron.states["v"]

@@ -41,7 +41,7 @@ def test_brian2_event_driven_stdp(rule, spec):
         assert layer.weight.dtype == torch.float64
         np.testing.assert_allclose(layer.weight.cpu().numpy(), data["weights"][k], rtol=0, atol=1e-12)
     post = torch.cat(outs)[:, 0]
-    assert torch.equal(post.cpu(), spikes_from(data["post_steps"], data["post_indices"], T, n_post))
+    assert torch.equal(post.cpu(), spikes_from(data["post_steps"], data["post_indices"], T, n_post).cpu())
     assert 0 < len(data["post_steps"]) < T * n_post / 4  # the reference is neither silent nor saturated
     assert (data["weights"][-1] != data["w0"]).mean() > 0.5
 
@@ -94,11 +94,11 @@ def test_shared_and_per_sample_weights_against_loops(shared):
     w0 = torch.rand(n_post, n_pre, dtype=torch.float64) * 0.6
     layer = flexsn_dsl.load(SPECS / "stdp_pair.yaml")(n_pre, n_post, lif(), weight=w0, per_sample=not shared)
     out = layer(x)
-    ref_out, ref_w = pair_rule_by_hand(x.numpy(), w0.numpy(), shared)
+    ref_out, ref_w = pair_rule_by_hand(x.cpu().numpy(), w0.cpu().numpy(), shared)
     assert out.sum() > 5
-    np.testing.assert_array_equal(out.numpy(), ref_out)
+    np.testing.assert_array_equal(out.cpu().numpy(), ref_out)
     assert layer.weight.shape == ((n_post, n_pre) if shared else (B, n_post, n_pre))
-    np.testing.assert_allclose(layer.weight.numpy(), ref_w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(layer.weight.cpu().numpy(), ref_w, rtol=0, atol=1e-12)
 
 
 def test_per_sample_entries_are_independent_copies():
@@ -130,8 +130,8 @@ def test_load_factory_params_reset_and_no_autograd():
     # step 2: inputs 1, 2 spike: apre[1:] = 0.5, w[:, 1:] = 1 + apost (decayed twice), then the posts spike again:
     # apost -= 0.0105, w[:, 1:] = clip(w + 0.5, 0, 1) = 1
     d = np.exp(-1e-3 / 20e-3)
-    np.testing.assert_allclose(layer.traces["apre"].numpy(), [[0.5 * d * d, 0.5, 0.5]], rtol=1e-6)
-    np.testing.assert_allclose(layer.traces["apost"].numpy(), [[-0.0105 * (d * d + 1)] * 2], rtol=1e-6)
+    np.testing.assert_allclose(layer.traces["apre"].cpu().numpy(), [[0.5 * d * d, 0.5, 0.5]], rtol=1e-6)
+    np.testing.assert_allclose(layer.traces["apost"].cpu().numpy(), [[-0.0105 * (d * d + 1)] * 2], rtol=1e-6)
     assert layer.weight.tolist() == [[1.0] * 3] * 2
     layer.reset()
     assert layer.traces == {} and neuron.states == {}
