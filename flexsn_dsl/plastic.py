@@ -107,6 +107,7 @@ class PlasticLinear(nn.Module):
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
         self.backend = backend
         self._warned = False
+        self._kernel: tuple = ()  # (the post neuron's Compiled, its fused kernel): built once, not copied
         for name, n in (("n_pre", n_pre), ("n_post", n_post)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be a positive whole number, got {n!r}")
@@ -255,6 +256,19 @@ class PlasticLinear(nn.Module):
                     "does not do: use per_sample=True or a batch of one")
         return plastic_kernels.unsupported(neuron._compiled)
 
+    def _fused_kernel(self):
+        """The fused kernel for the post neuron's code, kept while that code stays the same (its text is printed
+        once, not at every call)."""
+        compiled = self.post_neuron._compiled
+        if not self._kernel or self._kernel[0] is not compiled:
+            self._kernel = (compiled, plastic_kernels.plastic_module(self.spec, compiled))
+        return self._kernel[1]
+
+    def __getstate__(self) -> dict:
+        state = dict(super().__getstate__())
+        state["_kernel"] = ()  # (a Triton function: built again after a copy or unpickling)
+        return state
+
     def _use_fused(self, x: torch.Tensor) -> bool:
         """Whether this call runs the fused kernel (``backend``, above)."""
         if self.backend == "torch" or (self.backend == "auto" and not x.is_cuda):
@@ -262,7 +276,7 @@ class PlasticLinear(nn.Module):
         reason = self.fused_unsupported(x.shape[1])
         if reason is None:
             try:
-                plastic_kernels.plastic_module(self.spec, self.post_neuron._compiled)
+                self._fused_kernel()
             except SpecError as exc:
                 reason = f"its kernel cannot be built: {exc}"
         if reason is not None and self.backend == "triton":
@@ -283,7 +297,7 @@ class PlasticLinear(nn.Module):
                              f"must stay below 2**31 (T={T}, B={B}, n_pre={n_pre}, n_post={n_post}); call it on "
                              "fewer steps at a time")
         compute = _torch_compute_dtype(x.dtype)
-        kernel = plastic_kernels.plastic_module(spec, neuron._compiled)
+        kernel = self._fused_kernel()
         w = self._weight(B, x.dtype).reshape(-1, n_post, n_pre).contiguous()
         traces = [t.to(compute) for t in self._start(B, x)]
         n_traces = len(spec.pre)

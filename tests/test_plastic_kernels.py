@@ -120,3 +120,22 @@ def test_show_prints_the_fused_kernel_that_runs(tmp_path, capsys):
     for args in (["--kernel", "plastic"], ["--neuron", str(neuron)]):
         assert main(["show", str(syn), *args]) == 1
         assert "give both: flexsn-dsl show SYNAPSE.yaml --kernel plastic --neuron NEURON.yaml" in capsys.readouterr().err
+
+
+def test_kernel_built_once_per_neuron_code_and_layers_copy(monkeypatch):
+    """The kernel's text is printed once for a layer's post neuron, not at every call; a deep copy (which cannot
+    copy a Triton function) builds its own and goes on exactly as the original does."""
+    import copy
+    from flexsn_dsl import plastic_kernels
+    printed = []
+    source = plastic_kernels.plastic_source
+    monkeypatch.setattr(plastic_kernels, "plastic_source", lambda *a: printed.append(a) or source(*a))
+    torch.manual_seed(5)
+    x = (torch.rand(30, 1, 7, dtype=torch.float64) < 0.3).double()
+    layer = flexsn_dsl.load(SPECS / "stdp_pair.yaml")(7, 4, lif(), weight=0.4, backend="triton")
+    layer(x[:10])
+    layer(x[10:20])
+    assert len(printed) == 1
+    twin = copy.deepcopy(layer)
+    assert torch.equal(twin(x[20:]), layer(x[20:])) and torch.equal(twin.weight, layer.weight)
+    assert len(printed) == 2 and layer.weight.std() > 0
