@@ -4,10 +4,13 @@ process (``pip install dcls``; skipped when it is not installed), on random spik
 
 Prints per longest delay and implementation: the training step's time (forward, backward, Adam; median of
 ``--repeat`` after a warm-up), one SHD epoch's worth (8,156 samples) at that rate, and the peak GPU memory of a
-step. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with
+step. ``--event-density D`` sets the input density up to which DelayLinear takes its event kernels (the default
+is ``flexsn_dsl.delay_kernels.EVENT_DENSITY``; 0 forces the dense ones, 1 the event ones): run it at both ends
+to find where the event kernels stop paying. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with
 the most time). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
 
-    python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01] [--profile]
+    python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
+                                     [--event-density D] [--profile]
 """
 from __future__ import annotations
 
@@ -104,17 +107,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-B", type=int, default=256)
     parser.add_argument("--density", type=float, default=0.01, help="input spikes per step and channel")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--event-density", type=float, default=None,
+                        help="DelayLinear's event kernels up to this input density (0: dense only, 1: events only)")
     parser.add_argument("--profile", action="store_true", help="where a flexsn-dsl step's time goes, per delay")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
     args = parser.parse_args(argv)
     if args.quick:
         args.T, args.B, args.max_delays, args.repeat = 20, 4, [8], 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.event_density is not None:
+        from flexsn_dsl import delay_kernels  # noqa: PLC0415
+        delay_kernels.EVENT_DENSITY = args.event_density
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(args.T, args.B, SIZES[0], generator=g) < args.density).float().to(device)
     labels = torch.randint(SIZES[-1], (args.B,), generator=g).to(device)
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}: T={args.T}, B={args.B}, "
-          f"{' -> '.join(map(str, SIZES))} LIF, input density {args.density}")
+          f"{' -> '.join(map(str, SIZES))} LIF, input density {args.density}, event kernels up to density "
+          f"{flexsn_dsl.delay_kernels.EVENT_DENSITY}")
     if args.profile:
         for max_delay in args.max_delays:
             print(f"longest delay {max_delay}:")

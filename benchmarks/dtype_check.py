@@ -194,7 +194,8 @@ def check(spec: Path, dtype: str, tile: int = 2) -> list[str]:
     return found
 
 
-DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C"}  # the delay kernels' integer arguments; "k" holds int32 steps
+DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C"}  # the delay kernels' integer arguments
+DELAY_INDICES = {"k", "start", "s_of", "i_of", "b_of"}  # their int32 arrays: steps, the events' groups and indices
 
 
 def check_delays(dtype: str) -> list[str]:
@@ -210,7 +211,7 @@ def check_delays(dtype: str) -> list[str]:
             if arg.startswith("BLOCK_") or arg == "HAS_BIAS":
                 signature[arg], constants[arg] = "constexpr", arg == "HAS_BIAS" or 16
             else:
-                signature[arg] = "i32" if arg in DELAY_SIZES else "*i32" if arg == "k" else pointer
+                signature[arg] = "i32" if arg in DELAY_SIZES else "*i32" if arg in DELAY_INDICES else pointer
         source = triton.compiler.ASTSource(fn, signature, constants)
         ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
         found += [f"delay_kernels {name} ({dtype}), {p}" for p in problems(ptx, dtype, {})]

@@ -16,7 +16,18 @@ dtype: the kernels hold no floating-point literal), so that
   per channel (``y[t, b, c] = a[c] xs[P+t-k, b, c] + f[c] xs[P+t-k-1, b, c]``), the delay's partial sums
   one row of blocks per program, summed by the caller.
 
-The linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` (made by the host functions
+Sparse inputs (spikes: SHD's are at about 1 %) take event kernels instead, where at most ``EVENT_DENSITY`` of
+``xs``'s entries are nonzero: each nonzero ``(s, b, i)`` is one event, and the work is per event rather than per
+(step, input) pair:
+
+- :func:`linear_forward`: one program per ``b`` and block of outputs ``j`` adds each event of sample ``b``, in
+  the order (s, i), to the two steps its taps reach (``y[s-P+k] += a v``, ``y[s-P+k+1] += c v``). Only that
+  program writes those (b, j) columns, each element from one lane, so the sums run in one fixed order: the adds
+  are atomic only so that a lane's successive adds to one element are ordered, and the result is deterministic;
+- :func:`linear_grad_taps`: one program per input ``i`` and block of ``j`` gathers ``g`` at the steps each of
+  channel ``i``'s events reached, in the order (b, s), into ``S0``/``S1`` in registers.
+
+The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` (made by the host functions
 for the call, as are the forward's taps transposed to ``[I, J]``): a tile's axis along time is contiguous
 in memory, so that its loads are coalesced whatever the delays (in ``[steps, B, n]`` each synapse's delay
 puts a lane's load in its own row, ``B * n`` elements from its neighbour's). Nothing of size ``max_delay``
@@ -35,6 +46,11 @@ __all__ = ["channel_forward", "channel_grad_delay", "channel_grad_input", "linea
 
 STEPS = 64  # steps t (forward, taps) or s (grad of the input) of a linear kernel's tile: contiguous in memory
 SYNAPSES = 32  # outputs j (forward) or inputs i (backward) of a linear kernel's tile
+EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 lanes x 4 warps), none repeated
+# at most this fraction of the input's entries nonzero: the event kernels; more, the dense ones (a first estimate
+# from the work each does, an event's two scattered adds against a dense step's two loads and two fmas per
+# input: to be measured on the GPU, `benchmarks/delay_bench.py --event-density`)
+EVENT_DENSITY = 0.02
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
 
@@ -111,6 +127,36 @@ def _linear_grad_taps(gt, xt, k, s0, s1, T, B, I, J, P, BLOCK_I: tl.constexpr, B
 
 
 @triton.jit
+def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, P, BLOCK_J: tl.constexpr):
+    b, j = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    col = j < J
+    for e in range(tl.load(start + b), tl.load(start + b + 1)):  # sample b's events, in the order (s, i)
+        s, i, v = tl.load(s_of + e), tl.load(i_of + e), tl.load(v_of + e)
+        t = s - P + tl.load(k + i * J + j, mask=col, other=0)  # (taps [I, J]) the step tap a reaches
+        at = y + (t * B + b) * J + j
+        tl.atomic_add(at, tl.load(a + i * J + j, mask=col, other=0) * v, mask=col & (t >= 0) & (t < T), sem="relaxed")
+        tl.atomic_add(at + B * J, tl.load(c + i * J + j, mask=col, other=0) * v, mask=col & (t >= -1) & (t < T - 1),
+                      sem="relaxed")
+
+
+@triton.jit
+def _linear_grad_taps_events(start, b_of, s_of, v_of, g, k, s0, s1, T, B, I, J, P, BLOCK_J: tl.constexpr):
+    i, j = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    col = j < J
+    kj = tl.load(k + j * I + i, mask=col, other=0)
+    acc0 = tl.zeros((BLOCK_J,), dtype=s0.dtype.element_ty)
+    acc1 = tl.zeros((BLOCK_J,), dtype=s0.dtype.element_ty)
+    for e in range(tl.load(start + i), tl.load(start + i + 1)):  # channel i's events, in the order (b, s)
+        b, s, v = tl.load(b_of + e), tl.load(s_of + e), tl.load(v_of + e)
+        t = s - P + kj
+        at = g + (t * B + b) * J + j
+        acc0 += v * tl.load(at, mask=col & (t >= 0) & (t < T), other=0)
+        acc1 += v * tl.load(at + B * J, mask=col & (t >= -1) & (t < T - 1), other=0)
+    tl.store(s0 + j * I + i, acc0, mask=col)
+    tl.store(s1 + j * I + i, acc1, mask=col)
+
+
+@triton.jit
 def _taps_of_channels(xs, k, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     """This program's tile of rows ``n`` (t, b) by channels ``ch``: (n, ch, the tile's mask, the channels'
     mask, ``xs[P+t-k]``, ``xs[P+t-k-1]``)."""
@@ -169,6 +215,19 @@ def _int32(*sizes: int) -> None:
                          f"elements, got {max(sizes)}; call the layer on fewer steps or a smaller batch")
 
 
+def _events(xs: torch.Tensor, order: tuple[int, int, int]) -> tuple[torch.Tensor, ...] | None:
+    """The nonzero entries of ``xs [L, B, I]`` as events sorted by the axes in ``order`` (the first groups them):
+    ``(start, the second axis's index, the third's, value)``, ``start[g]`` the first event of group ``g``; None
+    where more than ``EVENT_DENSITY`` of the entries are nonzero (the dense kernels are then the faster)."""
+    if torch.count_nonzero(xs).item() > EVENT_DENSITY * xs.numel():
+        return None
+    moved = xs.permute(order)
+    group, second, third = moved.nonzero(as_tuple=True)  # (row-major order: sorted by group, second, third)
+    counts = torch.bincount(group, minlength=moved.shape[0])
+    start = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+    return start, second.to(torch.int32), third.to(torch.int32), moved[group, second, third].contiguous()
+
+
 def _time_major(x: torch.Tensor) -> torch.Tensor:
     """``x [steps, B, n]`` as ``[B, n, steps]``, contiguous: each (b, n)'s steps in a row (a transient copy)."""
     return x.permute(1, 2, 0).contiguous()
@@ -182,6 +241,13 @@ def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.
     y = xs.new_empty((T, B, J))
     if y.numel():
         _int32(L * B * I, T * B * J)
+        events = _events(xs, (1, 0, 2))  # grouped by sample b, then by step s and input i
+        if events is not None:
+            y = bias.expand(T, B, J).contiguous() if bias is not None else torch.zeros_like(y)
+            _linear_forward_events[(B, _blocks(J, EVENT_SYNAPSES))](*events, a.T.contiguous(), c.T.contiguous(),
+                                                                   k.T.contiguous(), y, T, B, J, P,
+                                                                   BLOCK_J=EVENT_SYNAPSES, num_warps=4)
+            return y
         grid = (B * _blocks(J, SYNAPSES) * _blocks(T, STEPS),)
         _linear_forward[grid](_time_major(xs), a.T.contiguous(), c.T.contiguous(), k.T.contiguous(),
                               bias if bias is not None else a, y, T, B, I, J, P,
@@ -211,6 +277,12 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int)
     s0, s1 = g.new_empty((J, I)), g.new_empty((J, I))
     if s0.numel():
         _int32(L * B * I, T * B * J)
+        events = _events(xs, (2, 1, 0))  # grouped by input i, then by sample b and step s
+        if events is not None:
+            _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES))](*events, g.contiguous(), k.contiguous(), s0, s1,
+                                                                     T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,
+                                                                     num_warps=4)
+            return s0, s1
         _linear_grad_taps[(J * _blocks(I, SYNAPSES),)](_time_major(g), _time_major(xs), k.contiguous(), s0, s1,
                                                        T, B, I, J, P, BLOCK_I=SYNAPSES, BLOCK_T=STEPS)
     return s0, s1

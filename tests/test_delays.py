@@ -142,6 +142,66 @@ def test_triton_tiles_of_several_blocks_equal_the_torch_backend():
         _close(got, ref)
 
 
+def _sparse(shape, density, seed):
+    """Spikes (ones) and a few other values (negative, fractional) at about ``density`` of the entries."""
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(shape, generator=g, dtype=F64, device="cpu") < density
+    values = torch.where(torch.rand(shape, generator=g, dtype=F64, device="cpu") < 0.7, 1.0,
+                         torch.randn(shape, generator=g, dtype=F64, device="cpu"))
+    return (values * keep).to(torch.get_default_device())
+
+
+@pytest.fixture
+def kernels_launched(monkeypatch):
+    """The names of the linear delay kernels each call launches (the event kernels or the dense ones), in order."""
+    from flexsn_dsl import delay_kernels
+    launched = []
+    for name in ("_linear_forward", "_linear_grad_taps", "_linear_forward_events", "_linear_grad_taps_events"):
+        kernel = getattr(delay_kernels, name)
+
+        class Spy:
+            def __getitem__(self, grid, kernel=kernel, name=name):
+                launched.append(name)
+                return kernel[grid]
+        monkeypatch.setattr(delay_kernels, name, Spy())
+    return launched
+
+
+@pytest.mark.parametrize("T", [6, 2])
+def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, monkeypatch):
+    """Sparse inputs take the event kernels (the forward and the weight and delay gradients; the input's gradient
+    stays dense): equal to the loop, values and all four gradients, with a history in front."""
+    from flexsn_dsl import delay_kernels
+    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", 0.5)
+    layer = _layer("triton", DELAYS, 3.0)
+    history, x = _sparse((4, 2, 4), 0.3, 7), _sparse((T, 2, 4), 0.3, 8).requires_grad_()
+    y = layer(x, history=history)
+    want = loop_linear(torch.cat([history, x]), layer.weight, layer.delay, layer.bias, 3.0)[4:]
+    _same_values_and_gradients(y, want, [x, layer.weight, layer.delay, layer.bias])
+    assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"]
+    assert 0 < torch.count_nonzero(x) < x.numel() / 2
+
+
+def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched):
+    """More outputs than an event program's block, delays clamped at both ends, a history, at the default density
+    threshold with input spikes below it; a dense input in the same layer takes the dense kernels."""
+    from flexsn_dsl.delay_kernels import EVENT_DENSITY, EVENT_SYNAPSES
+    torch.manual_seed(6)
+    J, I, T = EVENT_SYNAPSES + 1, 40, 30
+    delays = torch.rand(J, I, dtype=F64) * 9 - 1
+    delays[0, :3] = torch.tensor([0.0, 8.0, 7.5])
+    torch_layer, triton_layer = _layer("torch", delays, 8.0), _layer("triton", delays, 8.0)
+    history, x = _sparse((9, 3, I), EVENT_DENSITY / 2, 9), _sparse((T, 3, I), EVENT_DENSITY / 2, 10)
+    y, want = (layer(x, history=history) for layer in (triton_layer, torch_layer))
+    _close(y, want)
+    for got, ref in zip(*(_grads(out, [layer.weight, layer.delay, layer.bias])
+                          for out, layer in ((y, triton_layer), (want, torch_layer)))):
+        _close(got, ref)
+    assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"] and x.count_nonzero() > 5
+    triton_layer(torch.randn(T, 3, I, dtype=F64))
+    assert kernels_launched[-1] == "_linear_forward"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unbatched_input(backend):
     layer = _layer(backend, DELAYS, 3.0)
