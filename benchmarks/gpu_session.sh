@@ -12,8 +12,11 @@
 #   network  benchmarks/network.py (3 rounds) and examples/ddp.py (DDP/FSDP, one process, NCCL)
 #   long     issue 27: `flexsn-dsl bench --long`, the time-parallel scan (scan_bench.py), HH with --recompute, and
 #            the Open Neuromorphic workload with its peers (open_neuromorphic.py)
+#   v4       issues 40 and 42: plasticity_bench.py (fused vs torch, STDPLearner), examples/song_abbott.py,
+#            delay_bench.py with the default event threshold, dense only and events only, and its --profile
+#            (about 6 minutes on an H100; .whl/ with dcls, spikingjelly and loguru)
 # Results go to $OUT (default benchmarks/results) as DEVICE-WHAT-YYYY-MM-DD[-LABEL].{log,json}, WHAT one of
-# conformance, bench, ct, shaped, recurrent, network, ddp, long, scan, on; DEVICE defaults to the GPU's model (h200), LABEL
+# conformance, bench, ct, shaped, recurrent, network, ddp, long, scan, on, plasticity, delays; DEVICE defaults to the GPU's model (h200), LABEL
 # (e.g. LABEL=before) is empty unless set. Wheels in .whl/ (SpikingJelly, snnTorch: the peers) are installed
 # to a private folder first, for machines that reach no package index (for `long`, also the Open Neuromorphic
 # peers: sinabs with pbr, rockpool, spikingjelly with loguru).
@@ -83,11 +86,19 @@ long() {
   run on 400 python3 benchmarks/open_neuromorphic.py -n 512 4096 16384 --json "$(stem on).json"
 }
 
+v4() {
+  run plasticity 120 python3 benchmarks/plasticity_bench.py --n 4096 --repeat 200 --steps 10000
+  run plasticity 60 python3 examples/song_abbott.py --seconds 100
+  run delays 120 python3 benchmarks/delay_bench.py --repeat 2
+  for d in 0 1; do run delays 120 python3 benchmarks/delay_bench.py --repeat 2 --max-delays 64 512 --event-density $d; done
+  run delays 90 python3 benchmarks/delay_bench.py --profile --max-delays 64
+}
+
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(check table)
 for m in "${modes[@]}"; do
   case "$m" in
-    check|table|specs|network|long) ;;
-    *) echo "gpu_session.sh: unknown mode '$m' (check, table, specs, network, long)" >&2; exit 2 ;;
+    check|table|specs|network|long|v4) ;;
+    *) echo "gpu_session.sh: unknown mode '$m' (check, table, specs, network, long, v4)" >&2; exit 2 ;;
   esac
 done
 for m in "${modes[@]}"; do
@@ -98,6 +109,7 @@ for m in "${modes[@]}"; do
       for b in ct shaped recurrent; do run $b 180 python3 benchmarks/${b}_bench.py --json "$(stem $b).json"; done ;;
     network) network ;;
     long) long ;;
+    v4) v4 ;;
   esac
 done
 if [ ${#failed[@]} -gt 0 ]; then printf 'failed or timed out: %s\n' "${failed[@]}" >&2; exit 1; fi
