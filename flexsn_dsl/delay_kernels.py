@@ -17,8 +17,9 @@ dtype: the kernels hold no floating-point literal), so that
   one row of blocks per program, summed by the caller.
 
 Sparse inputs (spikes: SHD's are at about 1 %) take event kernels instead, where at most ``EVENT_DENSITY`` of
-``xs``'s entries are nonzero: each nonzero ``(s, b, i)`` is one event, and the work is per event rather than per
-(step, input) pair:
+``xs``'s entries are nonzero (:func:`sparse`, decided once a call): each nonzero ``(s, b, i)`` is one event,
+and the work is per event rather than per (step, input) pair. Zeros are skipped, not multiplied: a NaN or
+infinite weight or gradient meets only the nonzero entries.
 
 - :func:`linear_forward`: one program per ``b`` and block of outputs ``j`` adds each event of sample ``b``, in
   the order (s, i), to the two steps its taps reach (``y[s-P+k] += a v``, ``y[s-P+k+1] += c v``). Only that
@@ -42,7 +43,7 @@ from .triton_settings import triton  # (Triton imported after the interpreter's 
 import triton.language as tl  # noqa: E402
 
 __all__ = ["channel_forward", "channel_grad_delay", "channel_grad_input", "linear_forward", "linear_grad_input",
-           "linear_grad_taps"]
+           "linear_grad_taps", "sparse"]
 
 STEPS = 64  # steps t (forward, taps) or s (grad of the input) of a linear kernel's tile: contiguous in memory
 SYNAPSES = 32  # outputs j (forward) or inputs i (backward) of a linear kernel's tile
@@ -51,6 +52,9 @@ EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 la
 # from the work each does, an event's two scattered adds against a dense step's two loads and two fmas per
 # input: to be measured on the GPU, `benchmarks/delay_bench.py --event-density`)
 EVENT_DENSITY = 0.02
+# the event forward runs a program per sample and block of outputs, each through all its sample's events in
+# turn: with fewer programs than this (a batch of one, streaming) the dense forward, spread over steps, runs
+EVENT_PROGRAMS = 128
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
 
@@ -215,12 +219,18 @@ def _int32(*sizes: int) -> None:
                          f"elements, got {max(sizes)}; call the layer on fewer steps or a smaller batch")
 
 
-def _events(xs: torch.Tensor, order: tuple[int, int, int]) -> tuple[torch.Tensor, ...] | None:
+def sparse(xs: torch.Tensor) -> bool:
+    """Whether the event kernels take ``xs``: at most ``EVENT_DENSITY`` of its entries nonzero. Counting them waits
+    for the GPU, so a call decides once (its backward follows the forward's choice), and never while a CUDA graph
+    is captured or torch.compile traces (the dense kernels, which wait for nothing, run there)."""
+    if EVENT_DENSITY <= 0 or torch.compiler.is_compiling() or (xs.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    return torch.count_nonzero(xs).item() <= EVENT_DENSITY * xs.numel()
+
+
+def _events(xs: torch.Tensor, order: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
     """The nonzero entries of ``xs [L, B, I]`` as events sorted by the axes in ``order`` (the first groups them):
-    ``(start, the second axis's index, the third's, value)``, ``start[g]`` the first event of group ``g``; None
-    where more than ``EVENT_DENSITY`` of the entries are nonzero (the dense kernels are then the faster)."""
-    if torch.count_nonzero(xs).item() > EVENT_DENSITY * xs.numel():
-        return None
+    ``(start, the second axis's index, the third's, value)``, ``start[g]`` the first event of group ``g``."""
     moved = xs.permute(order)
     group, second, third = moved.nonzero(as_tuple=True)  # (row-major order: sorted by group, second, third)
     counts = torch.bincount(group, minlength=moved.shape[0])
@@ -234,17 +244,18 @@ def _time_major(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
-                   T: int, P: int) -> torch.Tensor:
-    """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring)."""
+                   T: int, P: int, events: bool = False) -> torch.Tensor:
+    """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring); ``events``:
+    the event kernel (``sparse(xs)``), where the batch gives it ``EVENT_PROGRAMS`` programs or more."""
     L, B, I = xs.shape
     J = a.shape[0]
     y = xs.new_empty((T, B, J))
     if y.numel():
         _int32(L * B * I, T * B * J)
-        events = _events(xs, (1, 0, 2))  # grouped by sample b, then by step s and input i
-        if events is not None:
+        if events and B * _blocks(J, EVENT_SYNAPSES) >= EVENT_PROGRAMS:
             y = bias.expand(T, B, J).contiguous() if bias is not None else torch.zeros_like(y)
-            _linear_forward_events[(B, _blocks(J, EVENT_SYNAPSES))](*events, a.T.contiguous(), c.T.contiguous(),
+            _linear_forward_events[(B, _blocks(J, EVENT_SYNAPSES))](*_events(xs, (1, 0, 2)),  # by b, then (s, i)
+                                                                   a.T.contiguous(), c.T.contiguous(),
                                                                    k.T.contiguous(), y, T, B, J, P,
                                                                    BLOCK_J=EVENT_SYNAPSES, num_warps=4)
             return y
@@ -269,17 +280,19 @@ def linear_grad_input(g: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torc
     return gx
 
 
-def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int, events: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S0, S1)``, each ``[J, I]``: the input at ``-k`` and at ``-k-1`` steps, summed against ``g`` over
-    (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``."""
+    (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``events``: the event
+    kernel (``sparse(xs)``)."""
     T, B, J = g.shape
     L, _, I = xs.shape
     s0, s1 = g.new_empty((J, I)), g.new_empty((J, I))
     if s0.numel():
         _int32(L * B * I, T * B * J)
-        events = _events(xs, (2, 1, 0))  # grouped by input i, then by sample b and step s
-        if events is not None:
-            _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES))](*events, g.contiguous(), k.contiguous(), s0, s1,
+        if events:
+            _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES))](*_events(xs, (2, 1, 0)),  # by i, then (b, s)
+                                                                     g.contiguous(), k.contiguous(), s0, s1,
                                                                      T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,
                                                                      num_warps=4)
             return s0, s1

@@ -87,8 +87,11 @@ class _DelayLinearFn(torch.autograd.Function):
                 y += _shifted(xs, s, P, T) @ (a * (k == s) + c * (k + 1 == s)).T
             return y
         work = torch.float32 if xs.dtype in _WIDE else xs.dtype
-        y = _kernels().linear_forward(xs.to(work).contiguous(), a.to(work).contiguous(), c.to(work).contiguous(),
-                                      k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P)
+        kernels = _kernels()
+        ctx.events = kernels.sparse(xs)  # (the backward's tap gradients follow this choice)
+        y = kernels.linear_forward(xs.to(work).contiguous(), a.to(work).contiguous(), c.to(work).contiguous(),
+                                   k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P,
+                                   ctx.events)
         return y.to(xs.dtype)
 
     @staticmethod
@@ -118,7 +121,7 @@ class _DelayLinearFn(torch.autograd.Function):
                 grad_x = kernels.linear_grad_input(gw, a.to(work).contiguous(), c.to(work).contiguous(), ki, L, P)
                 grad_x = grad_x.to(xs.dtype)
             if want_w or want_d:
-                s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, xw, ki, P))
+                s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, xw, ki, P, ctx.events))
         grad_w = (1 - f) * s0 + f * s1 if want_w else None
         grad_d = torch.where(inside, weight * (s1 - s0), 0) if want_d else None
         grad_b = g.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[3] else None

@@ -260,12 +260,12 @@ class PlasticLinear(nn.Module):
         """The fused kernel for the post neuron's code, kept while that code stays the same (its text is printed
         once, not at every call)."""
         compiled = self.post_neuron._compiled
-        if not self._kernel or self._kernel[0] is not compiled:
+        if not getattr(self, "_kernel", ()) or self._kernel[0] is not compiled:  # (none in a layer saved before it)
             self._kernel = (compiled, plastic_kernels.plastic_module(self.spec, compiled))
         return self._kernel[1]
 
     def __getstate__(self) -> dict:
-        state = dict(super().__getstate__())
+        state = self.__dict__.copy()
         state["_kernel"] = ()  # (a Triton function: built again after a copy or unpickling)
         return state
 

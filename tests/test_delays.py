@@ -173,6 +173,7 @@ def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, 
     stays dense): equal to the loop, values and all four gradients, with a history in front."""
     from flexsn_dsl import delay_kernels
     monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", 0.5)
+    monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)  # (the event forward on a batch of two)
     layer = _layer("triton", DELAYS, 3.0)
     history, x = _sparse((4, 2, 4), 0.3, 7), _sparse((T, 2, 4), 0.3, 8).requires_grad_()
     y = layer(x, history=history)
@@ -182,23 +183,57 @@ def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, 
     assert 0 < torch.count_nonzero(x) < x.numel() / 2
 
 
-def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched):
-    """More outputs than an event program's block, delays clamped at both ends, a history, at the default density
-    threshold with input spikes below it; a dense input in the same layer takes the dense kernels."""
-    from flexsn_dsl.delay_kernels import EVENT_DENSITY, EVENT_SYNAPSES
+def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, monkeypatch):
+    """More outputs than an event program's block, delays clamped at both ends, a history, input spikes below the
+    default density threshold: equal to the torch backend. The batch of three gives the event forward fewer
+    programs than it asks for, so the forward is dense there and the tap gradients are events; a dense input in
+    the same layer takes the dense kernels."""
+    from flexsn_dsl import delay_kernels
+    J, I, T = delay_kernels.EVENT_SYNAPSES + 1, 40, 30
     torch.manual_seed(6)
-    J, I, T = EVENT_SYNAPSES + 1, 40, 30
     delays = torch.rand(J, I, dtype=F64) * 9 - 1
     delays[0, :3] = torch.tensor([0.0, 8.0, 7.5])
     torch_layer, triton_layer = _layer("torch", delays, 8.0), _layer("triton", delays, 8.0)
-    history, x = _sparse((9, 3, I), EVENT_DENSITY / 2, 9), _sparse((T, 3, I), EVENT_DENSITY / 2, 10)
-    y, want = (layer(x, history=history) for layer in (triton_layer, torch_layer))
-    _close(y, want)
-    for got, ref in zip(*(_grads(out, [layer.weight, layer.delay, layer.bias])
-                          for out, layer in ((y, triton_layer), (want, torch_layer)))):
-        _close(got, ref)
-    assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"] and x.count_nonzero() > 5
+    density = delay_kernels.EVENT_DENSITY / 2
+    history, x = _sparse((9, 3, I), density, 9), _sparse((T, 3, I), density, 10)
+    want = torch_layer(x, history=history)
+    ref = _grads(want, [torch_layer.weight, torch_layer.delay, torch_layer.bias])
+    for programs in (delay_kernels.EVENT_PROGRAMS, 1):
+        monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", programs)
+        y = triton_layer(x, history=history)
+        _close(y, want)
+        for got, r in zip(_grads(y, [triton_layer.weight, triton_layer.delay, triton_layer.bias]), ref):
+            _close(got, r)
+    assert kernels_launched == ["_linear_forward", "_linear_grad_taps_events",
+                                "_linear_forward_events", "_linear_grad_taps_events"] and x.count_nonzero() > 5
     triton_layer(torch.randn(T, 3, I, dtype=F64))
+    assert kernels_launched[-1] == "_linear_forward"
+
+
+def test_event_kernels_in_float32_and_without_events(kernels_launched, monkeypatch):
+    """float32: the event kernels equal the dense ones to float32's rounding; an input with no event gives the bias
+    and zero weight and delay gradients; a threshold of 0 takes the dense kernels even then."""
+    from flexsn_dsl import delay_kernels
+    monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
+    torch.manual_seed(2)
+    layer = flexsn_dsl.DelayLinear(30, 20, 6.0, backend="triton")
+    x = _sparse((25, 2, 30), 0.01, 11).float()
+    outs = []
+    for density in (0.02, 0.0):
+        monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", density)
+        y = layer(x)
+        outs.append((y, *torch.autograd.grad(y, [layer.weight, layer.delay], torch.ones_like(y))))
+    for got, want in zip(*outs):
+        assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events",
+                                "_linear_forward", "_linear_grad_taps"]
+    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", 0.02)
+    y = layer(torch.zeros(5, 2, 30))
+    gw, gd = torch.autograd.grad(y, [layer.weight, layer.delay], torch.ones_like(y))
+    assert torch.equal(y, layer.bias.detach().expand(5, 2, 20)) and not gw.any() and not gd.any()
+    assert kernels_launched[-2:] == ["_linear_forward_events", "_linear_grad_taps_events"]
+    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", 0.0)
+    layer(torch.zeros(5, 2, 30))
     assert kernels_launched[-1] == "_linear_forward"
 
 

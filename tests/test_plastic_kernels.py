@@ -126,6 +126,7 @@ def test_kernel_built_once_per_neuron_code_and_layers_copy(monkeypatch):
     """The kernel's text is printed once for a layer's post neuron, not at every call; a deep copy (which cannot
     copy a Triton function) builds its own and goes on exactly as the original does."""
     import copy
+    import pickle
     from flexsn_dsl import plastic_kernels
     printed = []
     source = plastic_kernels.plastic_source
@@ -136,6 +137,8 @@ def test_kernel_built_once_per_neuron_code_and_layers_copy(monkeypatch):
     layer(x[:10])
     layer(x[10:20])
     assert len(printed) == 1
-    twin = copy.deepcopy(layer)
-    assert torch.equal(twin(x[20:]), layer(x[20:])) and torch.equal(twin.weight, layer.weight)
-    assert len(printed) == 2 and layer.weight.std() > 0
+    twin, saved = copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))
+    out = layer(x[20:])
+    for other in (twin, saved):
+        assert torch.equal(other(x[20:]), out) and torch.equal(other.weight, layer.weight)
+    assert len(printed) == 3 and layer.weight.std() > 0
