@@ -13,8 +13,9 @@
 #   long     issue 27: `flexsn-dsl bench --long`, the time-parallel scan (scan_bench.py), HH with --recompute, and
 #            the Open Neuromorphic workload with its peers (open_neuromorphic.py)
 #   v4       issues 40 and 42: plasticity_bench.py (fused vs torch, STDPLearner), examples/song_abbott.py,
-#            delay_bench.py with the default event threshold, dense only and events only, and its --profile
-#            (about 6 minutes on an H100; .whl/ with dcls, spikingjelly and loguru)
+#            delay_bench.py at the default event threshold, then with active hidden layers (--gain 24) at the
+#            default threshold, dense only and events only, and its --profile (about 8 minutes on an H100;
+#            .whl/ with dcls, spikingjelly and loguru)
 # Results go to $OUT (default benchmarks/results) as DEVICE-WHAT-YYYY-MM-DD[-LABEL].{log,json}, WHAT one of
 # conformance, bench, ct, shaped, recurrent, network, ddp, long, scan, on, plasticity, delays; DEVICE defaults to the GPU's model (h200), LABEL
 # (e.g. LABEL=before) is empty unless set. Wheels in .whl/ (SpikingJelly, snnTorch: the peers) are installed
@@ -89,9 +90,12 @@ long() {
 v4() {
   run plasticity 120 python3 benchmarks/plasticity_bench.py --n 4096 --repeat 200 --steps 10000
   run plasticity 60 python3 examples/song_abbott.py --seconds 100
-  run delays 120 python3 benchmarks/delay_bench.py --repeat 2
-  for d in 0 1; do run delays 120 python3 benchmarks/delay_bench.py --repeat 2 --max-delays 64 512 --event-density $d; done
-  run delays 90 python3 benchmarks/delay_bench.py --profile --max-delays 64
+  local D=(python3 benchmarks/delay_bench.py --repeat 2)
+  run delays 120 "${D[@]}"                                     # the default threshold, hidden layers silent
+  run delays 120 "${D[@]}" --gain 24 --max-delays 64 512         # hidden layers active (about 5 % and 20 %)
+  run delays 120 "${D[@]}" --gain 24 --max-delays 64 512 --event-density 0  # dense only
+  run delays 120 "${D[@]}" --gain 24 --max-delays 64 512 --event-density 1  # events only
+  run delays 90 python3 benchmarks/delay_bench.py --profile --max-delays 64 --gain 24
 }
 
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(check table)

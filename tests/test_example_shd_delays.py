@@ -58,3 +58,22 @@ def test_trains_on_random_data_of_shds_shapes(capsys):
     assert "RANDOM data of SHD shapes: 12 training samples, 25 steps of 1 ms" in out and "epoch 2:" in out
     losses = [float(line.split("loss ")[1].split(",")[0]) for line in out.splitlines() if line.startswith("epoch")]
     assert all(np.isfinite(losses)) and losses[0] != losses[1]  # the delays and weights moved
+
+
+def test_delay_bench_runs_on_the_cpu():
+    """benchmarks/delay_bench.py's CPU smoke run: the layers' input densities it reports are those of its input and
+    of hidden layers made active by --gain, and the table and the profile print (the GPU session's commands)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+    script = str(root / "benchmarks" / "delay_bench.py")
+    done = subprocess.run([sys.executable, script, "--quick", "--gain", "16", "--event-density", "0.5"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    densities = next(line for line in done.stdout.splitlines() if line.startswith("gain 16.0"))
+    values = [float(v) for v in densities.split("densities ")[1].split(", ")]
+    assert len(values) == 3 and 0.005 < values[0] < 0.02 and all(v > 0 for v in values[1:])
+    assert "event kernels up to density 0.5" in done.stdout and "| 8 | flexsn-dsl DelayLinear |" in done.stdout
+    done = subprocess.run([sys.executable, script, "--quick", "--profile"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "longest delay 8:" in done.stdout and "aten::" in done.stdout, done.stderr[-3000:]
