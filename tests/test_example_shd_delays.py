@@ -60,20 +60,19 @@ def test_trains_on_random_data_of_shds_shapes(capsys):
     assert all(np.isfinite(losses)) and losses[0] != losses[1]  # the delays and weights moved
 
 
-def test_delay_bench_runs_on_the_cpu():
+def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     """benchmarks/delay_bench.py's CPU smoke run: the layers' input densities it reports are those of its input and
     of hidden layers made active by --gain, and the table and the profile print (the GPU session's commands)."""
-    import subprocess
-    root = Path(__file__).resolve().parents[1]
-    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
-    script = str(root / "benchmarks" / "delay_bench.py")
-    done = subprocess.run([sys.executable, script, "--quick", "--gain", "16", "--event-density", "0.5"], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    densities = next(line for line in done.stdout.splitlines() if line.startswith("gain 16.0"))
+    from flexsn_dsl import delay_kernels
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import delay_bench
+    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", delay_kernels.EVENT_DENSITY)  # (restored: --event-density sets it)
+    delay_bench.main(["--quick", "--gain", "16", "--event-density", "0.5"])
+    out = capsys.readouterr().out
+    densities = next(line for line in out.splitlines() if line.startswith("gain 16.0"))
     values = [float(v) for v in densities.split("densities ")[1].split(", ")]
     assert len(values) == 3 and 0.005 < values[0] < 0.02 and all(v > 0 for v in values[1:])
-    assert "event kernels up to density 0.5" in done.stdout and "| 8 | flexsn-dsl DelayLinear |" in done.stdout
-    done = subprocess.run([sys.executable, script, "--quick", "--profile"], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and "longest delay 8:" in done.stdout and "aten::" in done.stdout, done.stderr[-3000:]
+    assert "event kernels up to density 0.5" in out and "| 8 | flexsn-dsl DelayLinear |" in out
+    delay_bench.main(["--quick", "--profile"])
+    out = capsys.readouterr().out
+    assert "longest delay 8:" in out and "aten::" in out
