@@ -9,11 +9,13 @@ batch 2: the layers' input densities 0.010, 0, 0), so their event kernels have n
 multiplies DelayLinear's initial weights by G to give them activity (16: about 0.015 and 0.035; 24: 0.055 and
 0.20). The script prints each layer's input density. ``--event-density D`` sets the input density up to which DelayLinear takes its event kernels (the default
 is ``flexsn_dsl.delay_kernels.EVENT_DENSITY``; 0 forces the dense ones, 1 the event ones): run it at both ends
-to find where the event kernels stop paying. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with
+to find where the event kernels stop paying in the network; ``--kernels`` times the kernels alone, dense against
+event, at input densities from 0.2 % to 20 % (layer shapes 700 -> 256 and 256 -> 256): where they cross is
+``EVENT_DENSITY``. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with
 the most time). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
-                                     [--event-density D] [--profile]
+                                     [--event-density D] [--profile] [--kernels]
 """
 from __future__ import annotations
 
@@ -120,6 +122,35 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
 
 
+def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = False) -> None:
+    """The delay kernels alone, dense against event (medians of ``triton.testing.do_bench``), per input density:
+    the forward and the taps' gradient (the two with an event kernel) of one DelayLinear layer of each shape
+    (``quick``: two densities, layers 40 -> 16 and 16 -> 16)."""
+    from triton.testing import do_bench  # noqa: PLC0415
+
+    if device == "cpu":  # (--quick: the interpreter, once per call)
+        def do_bench(fn) -> float:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+    densities = (0.05, 0.2) if quick else (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+    shapes = ((40, 16), (16, 16)) if quick else ((SIZES[0], SIZES[1]), (SIZES[1], SIZES[2]))
+    print("| layer | input density | forward dense (ms) | forward events (ms) | taps dense (ms) | taps events (ms) |")
+    print("|---|---|---|---|---|---|")
+    g = torch.Generator(device).manual_seed(0)
+    for inputs, outputs in shapes:
+        a, c = (torch.rand(outputs, inputs, generator=g, device=device) for _ in range(2))
+        k = torch.randint(max_delay, (outputs, inputs), generator=g, device=device, dtype=torch.int32)
+        grad = torch.randn(T, B, outputs, generator=g, device=device)
+        for density in densities:
+            xs = (torch.rand(T, B, inputs, generator=g, device=device) < density).float()
+            ms = [do_bench(lambda events=events: delay_kernels.linear_forward(xs, a, c, k, None, T, 0, events))
+                  for events in (False, True)]
+            ms += [do_bench(lambda events=events: delay_kernels.linear_grad_taps(grad, xs, k, 0, events))
+                   for events in (False, True)]
+            print(f"| {inputs} -> {outputs} | {density} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-delays", type=int, nargs="+", default=[64, 256, 512])
@@ -131,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--event-density", type=float, default=None,
                         help="DelayLinear's event kernels up to this input density (0: dense only, 1: events only)")
     parser.add_argument("--profile", action="store_true", help="where a flexsn-dsl step's time goes, per delay")
+    parser.add_argument("--kernels", action="store_true",
+                        help="the kernels alone, dense against event, per input density (at the first longest delay)")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
     args = parser.parse_args(argv)
     if args.quick:
@@ -144,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}: T={args.T}, B={args.B}, "
           f"{' -> '.join(map(str, SIZES))} LIF, input density {args.density}, event kernels up to density "
           f"{delay_kernels.EVENT_DENSITY}")
+    if args.kernels:
+        return kernel_times(args.T, args.B, args.max_delays[0], device, args.quick)
     if args.profile:
         for max_delay in args.max_delays:
             print(f"longest delay {max_delay}:")

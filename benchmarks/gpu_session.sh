@@ -13,7 +13,7 @@
 #   long     issue 27: `flexsn-dsl bench --long`, the time-parallel scan (scan_bench.py), HH with --recompute, and
 #            the Open Neuromorphic workload with its peers (open_neuromorphic.py)
 #   v4       issues 40 and 42: plasticity_bench.py (fused vs torch, STDPLearner), examples/song_abbott.py,
-#            delay_bench.py at the default event threshold, then with active hidden layers (--gain 24) at the
+#            delay_bench.py --kernels (dense against event kernels per input density), delay_bench.py at the default event threshold, then with active hidden layers (--gain 24) at the
 #            default threshold, dense only and events only, and its --profile (about 8 minutes on an H100;
 #            .whl/ with dcls, spikingjelly and loguru)
 # Results go to $OUT (default benchmarks/results) as DEVICE-WHAT-YYYY-MM-DD[-LABEL].{log,json}, WHAT one of
@@ -91,6 +91,7 @@ v4() {
   run plasticity 120 python3 benchmarks/plasticity_bench.py --n 4096 --repeat 200 --steps 10000
   run plasticity 60 python3 examples/song_abbott.py --seconds 100
   local D=(python3 benchmarks/delay_bench.py --repeat 2)
+  run delays 150 "${D[@]}" --kernels --max-delays 64                # dense against event kernels, per density
   run delays 120 "${D[@]}"                                     # the default threshold, hidden layers silent
   run delays 120 "${D[@]}" --gain 24 --max-delays 64 512         # hidden layers active (about 5 % and 20 %)
   run delays 120 "${D[@]}" --gain 24 --max-delays 64 512 --event-density 0  # dense only
