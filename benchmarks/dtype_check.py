@@ -194,8 +194,9 @@ def check(spec: Path, dtype: str, tile: int = 2) -> list[str]:
     return found
 
 
-DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C"}  # the delay kernels' integer arguments
-DELAY_INDICES = {"k", "start", "s_of", "i_of", "b_of"}  # their int32 arrays: steps, the events' groups and indices
+DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C", "N", "R", "Q", "W", "TG"}  # the delay kernels' integer arguments
+DELAY_INDICES = {"k", "o", "start", "s_of", "i_of", "b_of"}  # their int32 arrays: steps, offsets, the events' groups
+# and indices
 
 
 def check_delays(dtype: str) -> list[str]:
@@ -204,12 +205,12 @@ def check_delays(dtype: str) -> list[str]:
     _, pointer = DTYPES[dtype]
     found = []
     for name, fn in sorted(vars(delay_kernels).items()):
-        if not (name.startswith(("_linear_", "_channel_")) and hasattr(fn, "arg_names")):  # (kernels, not helpers)
+        if not (name.startswith(("_linear_", "_channel_", "_delayed_")) and hasattr(fn, "arg_names")):  # (kernels)
             continue
         signature, constants = {}, {}
         for arg in fn.arg_names:
-            if arg.startswith("BLOCK_") or arg == "HAS_BIAS":
-                signature[arg], constants[arg] = "constexpr", arg == "HAS_BIAS" or 16
+            if arg.startswith("BLOCK_") or arg in ("HAS_BIAS", "SHIFT"):
+                signature[arg], constants[arg] = "constexpr", {"HAS_BIAS": True, "SHIFT": 1}.get(arg, 16)
             else:
                 signature[arg] = "i32" if arg in DELAY_SIZES else "*i32" if arg in DELAY_INDICES else pointer
         source = triton.compiler.ASTSource(fn, signature, constants)

@@ -9,6 +9,13 @@ counts, an ALU floor: every instruction issues at one warp instruction per clock
 
     python benchmarks/isa_count.py neurons/hh.yaml [-T 64] [-n 1048576] [--block 1024 --warps 4] [--tile 1]
         [--variants inference forward backward]
+    python benchmarks/isa_count.py --delays
+
+``--delays`` counts DelayLinear's dense kernels instead (``flexsn_dsl/delay_kernels.py``, float32, at the
+tiles and warps the host functions launch): instructions and loads per synapse-step (both taps of one synapse
+at one step and batch row), and the issue floor of one training step at the SHD setting of
+``benchmarks/delay_bench.py`` (700 -> 256 -> 256 -> 20, T = 1127, B = 256; the first layer's input needs no
+gradient).
 
 Each kernel's dependent chain is the longest run of instructions in one pass of its time loop that
 each wait on the one before, per step: with few neurons (batch-1 streaming) a program waits on it at every
@@ -152,9 +159,37 @@ def kinds(counts: collections.Counter) -> dict[str, int]:
     return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
 
 
+def delay_counts(arch: int, sms: int, ghz: float) -> None:
+    """DelayLinear's dense kernels: per synapse-step counts and the issue floor at the SHD setting."""
+    from flexsn_dsl import delay_kernels as dk
+    sizes, steps = (700, 256, 256, 20), 1127 * 256
+    synapses = [i * j for i, j in zip(sizes, sizes[1:])]
+    kernels = [("forward", dk._delayed_sum, {"SHIFT": 1, "HAS_BIAS": True, "BLOCK_Q": dk.SYNAPSES,
+                                             "BLOCK_U": dk.STEPS}, sum(synapses)),
+               ("input's gradient", dk._delayed_sum, {"SHIFT": -1, "HAS_BIAS": False, "BLOCK_Q": dk.SYNAPSES,
+                                                      "BLOCK_U": dk.STEPS}, sum(synapses[1:])),
+               ("taps' gradients", dk._linear_grad_taps, {"BLOCK_I": dk.SYNAPSES, "BLOCK_V": dk.STEPS}, sum(synapses))]
+    total = 0.0
+    for name, fn, constants, layer_synapses in kernels:
+        signature = {arg: "constexpr" if arg in constants else "*i32" if arg == "o" else
+                     "i32" if arg.isupper() else "*fp32" for arg in fn.arg_names}
+        source = triton.compiler.ASTSource(fn, signature, constants)
+        cubin = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1}).asm["cubin"]
+        counts = loop_counts(cubin)
+        per_thread = dk.SYNAPSES * dk.STEPS / 32  # (one warp a program)
+        per_step = sum(counts.values()) / per_thread
+        loads = sum(n for op, n in counts.items() if op.startswith(("LDG", "LDS"))) / per_thread
+        issue_ms = steps * layer_synapses * per_step / (sms * 4 * 32 * ghz * 1e9) * 1e3
+        total += issue_ms
+        print(f"{name:>17}: {per_step:5.2f} instructions, {loads:4.2f} loads per synapse-step; {registers(cubin)}; "
+              f"issue floor {issue_ms:.2f} ms")
+    print(f"issue floor of a training step's dense delay kernels: {total:.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("spec")
+    parser.add_argument("spec", nargs="?")
+    parser.add_argument("--delays", action="store_true", help="DelayLinear's dense kernels instead of a spec's")
     parser.add_argument("-T", type=int, default=64)
     parser.add_argument("-n", type=int, default=1 << 20)
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for the H100/H200")
@@ -167,6 +202,10 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["forward", "backward"],
                         choices=["inference", "forward", "backward"], help="kernels to count (default: training's)")
     args = parser.parse_args()
+    if args.delays:
+        return delay_counts(args.arch, args.sms, args.ghz)
+    if not args.spec:
+        parser.error("a spec, or --delays")
     module = compile_spec(args.spec).triton_module()
     per_thread = max(args.block // (32 * args.warps), 1) * args.tile  # neuron-steps per thread and iteration
     steps = args.T * args.n

@@ -5,10 +5,9 @@ step ``t`` reads ``xs[P + t - k]`` and ``xs[P + t - k - 1]`` (zero before the fi
 folded into two taps per synapse, ``a = w (1 - f)`` and ``c = w f`` (computed by the caller, in the call's
 dtype: the kernels hold no floating-point literal), so that
 
-- :func:`linear_forward`: ``y[t, b, j] = bias[j] + sum_i a[j,i] xs[P+t-k, b, i] + c[j,i] xs[P+t-k-1, b, i]``,
-  a loop over ``i`` for each tile of outputs ``j`` by steps ``t`` (of one ``b``);
-- :func:`linear_grad_input`: the same sum transposed, written as a gather over ``j`` for each tile of inputs
-  ``i`` by steps ``s``: ``xs[s]`` receives from ``y[s - P + k]`` (tap ``a``) and ``y[s - P + k + 1]`` (tap ``c``);
+- :func:`linear_forward`: ``y[t, b, j] = bias[j] + sum_i a[j,i] xs[P+t-k, b, i] + c[j,i] xs[P+t-k-1, b, i]``;
+- :func:`linear_grad_input`: the same sum transposed: ``xs[s]`` receives from ``y[s - P + k]`` (tap ``a``) and
+  ``y[s - P + k + 1]`` (tap ``c``);
 - :func:`linear_grad_taps`: ``S0[j,i] = sum_{t,b} g[t,b,j] xs[P+t-k, b, i]`` and ``S1`` (the same at
   ``-k-1``), each program summing one row ``j`` and block of ``i`` over ``b`` and blocks of ``t`` in a fixed
   order: deterministic, no atomics;
@@ -16,24 +15,33 @@ dtype: the kernels hold no floating-point literal), so that
   per channel (``y[t, b, c] = a[c] xs[P+t-k, b, c] + f[c] xs[P+t-k-1, b, c]``), the delay's partial sums
   one row of blocks per program, summed by the caller.
 
+The first two are one kernel, :func:`_delayed_sum`, a loop over the summed axis for each tile of outputs by
+steps (of one ``b``). Each input value it loads serves both taps: ``now[u] += a x`` and ``later[u] += c x``,
+``later`` belonging to the next step (the forward) or the one before (the input's gradient); the two tiles are
+added onto a zeroed output, each element receiving exactly two adds, which sum the same in either order. So
+a synapse-step costs one load and two fmas (the tap and the offset of each synapse come in one contiguous row,
+``(a, c, offset, 0)``, a tile's worth a load).
+
 Sparse inputs (spikes: SHD's are at about 1 %) take event kernels instead, where at most ``EVENT_DENSITY`` of
 ``xs``'s entries are nonzero (:func:`sparse`, decided once a call): each nonzero ``(s, b, i)`` is one event,
 and the work is per event rather than per (step, input) pair. Zeros are skipped, not multiplied: a NaN or
 infinite weight or gradient meets only the nonzero entries.
 
-- :func:`linear_forward`: one program per ``b`` and block of outputs ``j`` adds each event of sample ``b``, in
-  the order (s, i), to the two steps its taps reach (``y[s-P+k] += a v``, ``y[s-P+k+1] += c v``). Only that
-  program writes those (b, j) columns, each element from one lane, so the sums run in one fixed order: the adds
-  are atomic only so that a lane's successive adds to one element are ordered, and the result is deterministic;
+- :func:`linear_forward`: one program per ``b``, block of outputs ``j`` and block of steps adds each event of
+  sample ``b`` that reaches its steps, in the order (s, i), to the steps its taps reach (``y[s-P+k] += a v``,
+  ``y[s-P+k+1] += c v``) among its own. Only that program writes those elements, each from one lane, so the sums
+  run in one fixed order: the adds are atomic only so that a lane's successive adds to one element are ordered,
+  and the result is deterministic. (The blocks of steps shorten each program's chain of events; an event is read by
+  each block its taps can reach, at most ``(max_delay + 1) / EVENT_STEPS + 2`` of them.)
 - :func:`linear_grad_taps`: one program per input ``i`` and block of ``j`` gathers ``g`` at the steps each of
   channel ``i``'s events reached, in the order (b, s), into ``S0``/``S1`` in registers.
 
-The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` (made by the host functions
-for the call, as are the forward's taps transposed to ``[I, J]``): a tile's axis along time is contiguous
-in memory, so that its loads are coalesced whatever the delays (in ``[steps, B, n]`` each synapse's delay
-puts a lane's load in its own row, ``B * n`` elements from its neighbour's). Nothing of size ``max_delay``
-is allocated: the delays are indices. Offsets are int32 (each tensor below 2**31 elements, checked by the
-host functions)."""
+The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` padded with zeros on
+both sides (made by the host functions for the call): a tile's axis along time is contiguous in memory, so that
+its loads are coalesced whatever the delays, and padded, so that no load needs a mask (``xs[s]`` sits at
+``reach + s``, ``reach = floor(max_delay) + 1`` steps of zeros before it). The padding is the only size the
+longest delay adds, to a transient copy: nothing held for the backward grows with ``max_delay``, and the
+delays are indices. Offsets are int32 (each tensor below 2**31 elements, checked by the host functions)."""
 from __future__ import annotations
 
 import torch
@@ -45,102 +53,100 @@ import triton.language as tl  # noqa: E402
 __all__ = ["channel_forward", "channel_grad_delay", "channel_grad_input", "linear_forward", "linear_grad_input",
            "linear_grad_taps", "sparse"]
 
-STEPS = 64  # steps t (forward, taps) or s (grad of the input) of a linear kernel's tile: contiguous in memory
-SYNAPSES = 32  # outputs j (forward) or inputs i (backward) of a linear kernel's tile
+STEPS = 128  # steps of a dense linear kernel's tile (one warp, four a lane): contiguous in memory
+SYNAPSES = 8  # outputs j (forward) or inputs i (backward) of a dense linear kernel's tile
 EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 lanes x 4 warps), none repeated
 # at most this fraction of the input's entries nonzero: the event kernels; more, the dense ones (a first estimate
 # from the work each does, an event's two scattered adds against a dense step's two loads and two fmas per
 # input: to be measured on the GPU, `benchmarks/delay_bench.py --event-density`)
 EVENT_DENSITY = 0.02
-# the event forward runs a program per sample and block of outputs, each through all its sample's events in
-# turn: with fewer programs than this (a batch of one, streaming) the dense forward, spread over steps, runs
+# the event forward runs a program per sample, block of outputs and block of EVENT_STEPS steps, each through the
+# events that reach its steps in turn: with fewer programs than this (a batch of one, streaming) the dense
+# forward runs
 EVENT_PROGRAMS = 128
+EVENT_STEPS = 128
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
 
 
 @triton.jit
-def _linear_forward(xt, a, c, k, bias, y, T, B, I, J, P,
-                    HAS_BIAS: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr):
-    # a flat grid over (b, block of t, block of j), j the fastest: programs side by side read the same rows
-    p, blocks_j, blocks_t = tl.program_id(0), tl.cdiv(J, BLOCK_J), tl.cdiv(T, BLOCK_T)
-    b = p // (blocks_j * blocks_t)
-    t = p // blocks_j % blocks_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    j = p % blocks_j * BLOCK_J + tl.arange(0, BLOCK_J)
-    col = j < J
-    inside = col[:, None] & (t < T)[None, :]
-    acc = tl.zeros((BLOCK_J, BLOCK_T), dtype=y.dtype.element_ty)
+def _tap_row(taps, n, BLOCK: tl.constexpr):
+    """Synapses ``n`` of one row of ``taps [rows, cols, 4]``, ``(a, c, offset)`` each: one contiguous load."""
+    both, offset_ = tl.split(tl.reshape(tl.load(taps + n[:, None] * 4 + tl.arange(0, 4)[None, :]), (BLOCK, 2, 2)))
+    a, offset = tl.split(both)
+    c, _ = tl.split(offset_)
+    return a, c, offset.to(tl.int32)
+
+
+@triton.jit
+def _delayed_sum(src, taps, bias, out, N, B, R, Q, W, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_Q: tl.constexpr, BLOCK_U: tl.constexpr):
+    # out[u, b, q] += sum_r a src[b, r, o + u] and out[u + SHIFT, b, q] += sum_r c src[b, r, o + u] ((a, c, o) the
+    # taps of (r, q)), over steps u from -1 (SHIFT 1: a step before the first reaches the first) or 0; a flat grid
+    # over (b, block of u, block of q), q the fastest: programs side by side read the same rows
+    p, blocks_q = tl.program_id(0), tl.cdiv(Q, BLOCK_Q)
+    blocks_u = tl.cdiv(N + (SHIFT > 0), BLOCK_U)
+    b = p // (blocks_q * blocks_u)
+    u = p // blocks_q % blocks_u * BLOCK_U + tl.arange(0, BLOCK_U) - (SHIFT > 0)
+    q = p % blocks_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    now = tl.zeros((BLOCK_Q, BLOCK_U), dtype=out.dtype.element_ty)
+    later = tl.zeros((BLOCK_Q, BLOCK_U), dtype=out.dtype.element_ty)
     if HAS_BIAS:
-        acc += tl.load(bias + j, mask=col, other=0)[:, None]
-    for i in range(I):
-        kj = tl.load(k + i * J + j, mask=col, other=0)  # (taps [I, J])
-        aj = tl.load(a + i * J + j, mask=col, other=0)
-        cj = tl.load(c + i * J + j, mask=col, other=0)
-        s = (P + t)[None, :] - kj[:, None]
-        at = xt + (b * I + i) * (P + T) + s
-        x0 = tl.load(at, mask=inside & (s >= 0), other=0)
-        x1 = tl.load(at - 1, mask=inside & (s >= 1), other=0)
-        acc += aj[:, None] * x0 + cj[:, None] * x1
-    tl.store(y + (t[None, :] * B + b) * J + j[:, None], acc, mask=inside)
+        now += tl.load(bias + q, mask=q < Q, other=0)[:, None]
+    row = src + b * R * W + u[None, :]
+    for r in range(R):  # (the taps padded to whole blocks of q, the rows to whole blocks of u: no masks)
+        a, c, o = _tap_row(taps + r * blocks_q * BLOCK_Q * 4, q, BLOCK_Q)
+        x = tl.load(row + r * W + o[:, None])
+        now += a[:, None] * x
+        later += c[:, None] * x
+    # each element receives two adds, now's and later's, onto zero: the same sum in either order
+    at = out + (u[None, :] * B + b) * Q + q[:, None]
+    col = (q < Q)[:, None]
+    tl.atomic_add(at, now, mask=col & ((u >= 0) & (u < N))[None, :], sem="relaxed")
+    v = u + SHIFT
+    tl.atomic_add(at + SHIFT * B * Q, later, mask=col & ((v >= 0) & (v < N))[None, :], sem="relaxed")
 
 
 @triton.jit
-def _linear_grad_input(gt, a, c, k, gx, L, T, B, I, J, P, BLOCK_I: tl.constexpr, BLOCK_S: tl.constexpr):
-    p, blocks_i, blocks_s = tl.program_id(0), tl.cdiv(I, BLOCK_I), tl.cdiv(L, BLOCK_S)
-    b = p // (blocks_i * blocks_s)
-    s = p // blocks_i % blocks_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    i = p % blocks_i * BLOCK_I + tl.arange(0, BLOCK_I)
-    col = i < I
-    inside = col[:, None] & (s < L)[None, :]
-    acc = tl.zeros((BLOCK_I, BLOCK_S), dtype=gx.dtype.element_ty)
-    for j in range(J):
-        kj = tl.load(k + j * I + i, mask=col, other=0)
-        aj = tl.load(a + j * I + i, mask=col, other=0)
-        cj = tl.load(c + j * I + i, mask=col, other=0)
-        t = (s - P)[None, :] + kj[:, None]  # y[t] reads xs[s] through tap a, y[t + 1] through tap c
-        at = gt + (b * J + j) * T + t
-        g0 = tl.load(at, mask=inside & (t >= 0) & (t < T), other=0)
-        g1 = tl.load(at + 1, mask=inside & (t >= -1) & (t < T - 1), other=0)
-        acc += aj[:, None] * g0 + cj[:, None] * g1
-    tl.store(gx + (s[None, :] * B + b) * I + i[:, None], acc, mask=inside)
-
-
-@triton.jit
-def _linear_grad_taps(gt, xt, k, s0, s1, T, B, I, J, P, BLOCK_I: tl.constexpr, BLOCK_T: tl.constexpr):
+def _linear_grad_taps(gp, xp, o, s0, s1, B, I, J, W, TG, BLOCK_I: tl.constexpr, BLOCK_V: tl.constexpr):
+    # S0[j, i] = sum_{b, v} xp[b, i, o - 1 + v] gp[b, j, v] and S1 with gp[b, j, v + 1] (gp[v] = g[v - 1]); one
+    # program per row j and block of i, summing over b and blocks of v in a fixed order
     p, blocks_i = tl.program_id(0), tl.cdiv(I, BLOCK_I)
     j = p // blocks_i
     i = p % blocks_i * BLOCK_I + tl.arange(0, BLOCK_I)
-    col = i < I
-    kj = tl.load(k + j * I + i, mask=col, other=0)
-    acc0 = tl.zeros((BLOCK_I, BLOCK_T), dtype=s0.dtype.element_ty)  # (summed over t once, at the end)
-    acc1 = tl.zeros((BLOCK_I, BLOCK_T), dtype=s0.dtype.element_ty)
+    rows = tl.minimum(i, I - 1)  # (rows past I read row I - 1, not stored)
+    first = tl.load(o + j * blocks_i * BLOCK_I + i) - 1
+    acc0 = tl.zeros((BLOCK_I, BLOCK_V), dtype=s0.dtype.element_ty)  # (summed over v once, at the end)
+    acc1 = tl.zeros((BLOCK_I, BLOCK_V), dtype=s0.dtype.element_ty)
+    v = tl.arange(0, BLOCK_V)
     for b in range(B):
-        for t0 in range(0, T, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            row = t < T
-            g = tl.load(gt + (b * J + j) * T + t, mask=row, other=0)
-            s = (P + t)[None, :] - kj[:, None]
-            inside = col[:, None] & row[None, :]
-            at = xt + (b * I + i[:, None]) * (P + T) + s
-            x0 = tl.load(at, mask=inside & (s >= 0), other=0)
-            x1 = tl.load(at - 1, mask=inside & (s >= 1), other=0)
-            acc0 += x0 * g[None, :]
-            acc1 += x1 * g[None, :]
+        xrow = xp + (b * I + rows) * W + first
+        grow = gp + (b * J + j) * TG
+        for v0 in range(0, TG - 1, BLOCK_V):
+            x = tl.load(xrow[:, None] + (v0 + v)[None, :])
+            acc0 += x * tl.load(grow + v0 + v)[None, :]
+            acc1 += x * tl.load(grow + v0 + 1 + v)[None, :]
+    col = i < I
     tl.store(s0 + j * I + i, tl.sum(acc0, axis=1), mask=col)
     tl.store(s1 + j * I + i, tl.sum(acc1, axis=1), mask=col)
 
 
 @triton.jit
-def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, P, BLOCK_J: tl.constexpr):
+def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, L, P, R,
+                           BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr):
+    # one program per sample b, block of outputs j and block of steps: the events of b that reach those steps
     b, j = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    t0 = tl.program_id(2) * BLOCK_T
+    t1 = tl.minimum(t0 + BLOCK_T, T)
     col = j < J
-    for e in range(tl.load(start + b), tl.load(start + b + 1)):  # sample b's events, in the order (s, i)
-        s, i, v = tl.load(s_of + e), tl.load(i_of + e), tl.load(v_of + e)
+    for e in range(tl.load(start + b * L + tl.maximum(t0 + P - R, 0)), tl.load(start + b * L + t1 + P)):
+        s, i, v = tl.load(s_of + e), tl.load(i_of + e), tl.load(v_of + e)  # (in the order (s, i))
         t = s - P + tl.load(k + i * J + j, mask=col, other=0)  # (taps [I, J]) the step tap a reaches
         at = y + (t * B + b) * J + j
-        tl.atomic_add(at, tl.load(a + i * J + j, mask=col, other=0) * v, mask=col & (t >= 0) & (t < T), sem="relaxed")
-        tl.atomic_add(at + B * J, tl.load(c + i * J + j, mask=col, other=0) * v, mask=col & (t >= -1) & (t < T - 1),
+        tl.atomic_add(at, tl.load(a + i * J + j, mask=col, other=0) * v, mask=col & (t >= t0) & (t < t1),
                       sem="relaxed")
+        tl.atomic_add(at + B * J, tl.load(c + i * J + j, mask=col, other=0) * v,
+                      mask=col & (t + 1 >= t0) & (t + 1 < t1), sem="relaxed")
 
 
 @triton.jit
@@ -228,59 +234,90 @@ def sparse(xs: torch.Tensor) -> bool:
     return torch.count_nonzero(xs).item() <= EVENT_DENSITY * xs.numel()
 
 
-def _events(xs: torch.Tensor, order: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
-    """The nonzero entries of ``xs [L, B, I]`` as events sorted by the axes in ``order`` (the first groups them):
-    ``(start, the second axis's index, the third's, value)``, ``start[g]`` the first event of group ``g``."""
+def _events(xs: torch.Tensor, order: tuple[int, int, int], groups: int = 1) -> tuple[torch.Tensor, ...]:
+    """The nonzero entries of ``xs [L, B, I]`` as events sorted by the axes in ``order``: ``(start, the second
+    axis's index, the third's, value)``, ``start[g]`` the first event of group ``g``, a group an index of the first
+    axis (``groups=1``) or of the first two (``groups=2``, ``g = first * size of the second + second``)."""
     moved = xs.permute(order)
-    group, second, third = moved.nonzero(as_tuple=True)  # (row-major order: sorted by group, second, third)
-    counts = torch.bincount(group, minlength=moved.shape[0])
+    first, second, third = moved.nonzero(as_tuple=True)  # (row-major order: sorted by first, second, third)
+    group = first if groups == 1 else first * moved.shape[1] + second
+    counts = torch.bincount(group, minlength=moved.shape[:groups].numel())
     start = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
-    return start, second.to(torch.int32), third.to(torch.int32), moved[group, second, third].contiguous()
+    return start, second.to(torch.int32), third.to(torch.int32), moved[first, second, third].contiguous()
 
 
-def _time_major(x: torch.Tensor) -> torch.Tensor:
-    """``x [steps, B, n]`` as ``[B, n, steps]``, contiguous: each (b, n)'s steps in a row (a transient copy)."""
-    return x.permute(1, 2, 0).contiguous()
+def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
+    """``x [n_steps, B, n]`` as ``[B, n, steps]``, ``x[s]`` at ``before + s`` and zeros elsewhere (a transient
+    copy): each (b, n)'s steps in a row."""
+    rows = x.new_zeros((x.shape[1], x.shape[2], steps))
+    rows[:, :, before:before + len(x)] = x.permute(1, 2, 0)
+    return rows
+
+
+def _tap_rows(a: torch.Tensor, c: torch.Tensor, offset: torch.Tensor, fill: int) -> torch.Tensor:
+    """``[rows, cols rounded up to SYNAPSES, 4]``: ``(a, c, offset, 0)`` per synapse in ``a``'s dtype (the offsets
+    whole numbers below 2**24, exact), the columns past ``cols`` zero taps at offset ``fill``."""
+    rows, cols = a.shape
+    taps = a.new_zeros((rows, _blocks(cols, SYNAPSES) * SYNAPSES, 4))
+    taps[:, :, 2] = fill
+    taps[:, :cols, 0], taps[:, :cols, 1], taps[:, :cols, 2] = a, c, offset
+    return taps
+
+
+def _check(reach: int, P: int, *sizes: int) -> None:
+    """Raises where an index of the call would not fit the kernels' int32 offsets (or a float32 one)."""
+    _int32(*sizes)
+    if reach + P >= 2**24:
+        raise ValueError(f"the delay kernels take steps below 2**24: max_delay plus the history's steps is {reach + P}")
 
 
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
-                   T: int, P: int, events: bool = False) -> torch.Tensor:
-    """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring); ``events``:
-    the event kernel (``sparse(xs)``), where the batch gives it ``EVENT_PROGRAMS`` programs or more."""
+                   T: int, P: int, reach: int, events: bool = False) -> torch.Tensor:
+    """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring), ``reach`` > every
+    ``k``; ``events``: the event kernel (``sparse(xs)``), where the batch gives it ``EVENT_PROGRAMS`` programs or
+    more."""
     L, B, I = xs.shape
     J = a.shape[0]
-    y = xs.new_empty((T, B, J))
+    grid = (B, _blocks(J, EVENT_SYNAPSES), _blocks(T, EVENT_STEPS))
+    if events and grid[0] * grid[1] * grid[2] >= EVENT_PROGRAMS and T * B * J:
+        _check(reach, P, L * B * I, T * B * J)
+        y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
+        _linear_forward_events[grid](*_events(xs, (1, 0, 2), groups=2),  # by (b, s), then i
+                                     a.T.contiguous(), c.T.contiguous(), k.T.contiguous(), y, T, B, J, L, P, reach,
+                                     BLOCK_J=EVENT_SYNAPSES, BLOCK_T=EVENT_STEPS, num_warps=4)
+        return y
+    y = xs.new_zeros((T, B, J))
     if y.numel():
-        _int32(L * B * I, T * B * J)
-        if events and B * _blocks(J, EVENT_SYNAPSES) >= EVENT_PROGRAMS:
-            y = bias.expand(T, B, J).contiguous() if bias is not None else torch.zeros_like(y)
-            _linear_forward_events[(B, _blocks(J, EVENT_SYNAPSES))](*_events(xs, (1, 0, 2)),  # by b, then (s, i)
-                                                                   a.T.contiguous(), c.T.contiguous(),
-                                                                   k.T.contiguous(), y, T, B, J, P,
-                                                                   BLOCK_J=EVENT_SYNAPSES, num_warps=4)
-            return y
-        grid = (B * _blocks(J, SYNAPSES) * _blocks(T, STEPS),)
-        _linear_forward[grid](_time_major(xs), a.T.contiguous(), c.T.contiguous(), k.T.contiguous(),
-                              bias if bias is not None else a, y, T, B, I, J, P,
-                              HAS_BIAS=bias is not None, BLOCK_J=SYNAPSES, BLOCK_T=STEPS)
+        tiles = _blocks(T + 1, STEPS)  # (from step -1: its tap c reaches step 0)
+        W = reach + P + tiles * STEPS
+        _check(reach, P, B * I * W, T * B * J)
+        taps = _tap_rows(a.T, c.T, (reach + P - k).T, reach + P)  # xs[s] at reach + s: offset reach + P - k
+        _delayed_sum[(B * _blocks(J, SYNAPSES) * tiles,)](_time_major(xs, reach, W), taps,
+                                                          bias if bias is not None else y, y, T, B, I, J, W,
+                                                          SHIFT=1, HAS_BIAS=bias is not None, BLOCK_Q=SYNAPSES,
+                                                          BLOCK_U=STEPS, num_warps=1)
     return y
 
 
-def linear_grad_input(g: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, L: int, P: int
-                      ) -> torch.Tensor:
+def linear_grad_input(g: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, L: int, P: int,
+                      reach: int) -> torch.Tensor:
     """The gradient of ``xs [L, B, I]`` from that of ``y``, ``g [T, B, J]``."""
     T, B, J = g.shape
     I = a.shape[1]
-    gx = g.new_empty((L, B, I))
+    gx = g.new_zeros((L, B, I))
     if gx.numel():
-        _int32(L * B * I, T * B * J)
-        grid = (B * _blocks(I, SYNAPSES) * _blocks(L, STEPS),)
-        _linear_grad_input[grid](_time_major(g), a.contiguous(), c.contiguous(), k.contiguous(), gx, L, T, B, I, J,
-                                 P, BLOCK_I=SYNAPSES, BLOCK_S=STEPS)
+        tiles = _blocks(L, STEPS)
+        W = tiles * STEPS + reach
+        _check(reach, P, B * J * W, L * B * I)
+        # g[t] at P + t: xs[s] reaches y[s - P + k] through tap a, y[s - P + k + 1] through tap c (to gx[s] from
+        # step s + 1's sum: SHIFT -1)
+        _delayed_sum[(B * _blocks(I, SYNAPSES) * tiles,)](_time_major(g, P, W), _tap_rows(a, c, k, 0), gx, gx,
+                                                          L, B, J, I, W, SHIFT=-1, HAS_BIAS=False, BLOCK_Q=SYNAPSES,
+                                                          BLOCK_U=STEPS, num_warps=1)
     return gx
 
 
-def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int, events: bool = False
+def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int, reach: int, events: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S0, S1)``, each ``[J, I]``: the input at ``-k`` and at ``-k-1`` steps, summed against ``g`` over
     (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``events``: the event
@@ -288,16 +325,22 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int,
     T, B, J = g.shape
     L, _, I = xs.shape
     s0, s1 = g.new_empty((J, I)), g.new_empty((J, I))
-    if s0.numel():
+    if not s0.numel():
+        return s0, s1
+    if events:
         _int32(L * B * I, T * B * J)
-        if events:
-            _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES))](*_events(xs, (2, 1, 0)),  # by i, then (b, s)
-                                                                     g.contiguous(), k.contiguous(), s0, s1,
-                                                                     T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,
-                                                                     num_warps=4)
-            return s0, s1
-        _linear_grad_taps[(J * _blocks(I, SYNAPSES),)](_time_major(g), _time_major(xs), k.contiguous(), s0, s1,
-                                                       T, B, I, J, P, BLOCK_I=SYNAPSES, BLOCK_T=STEPS)
+        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES))](*_events(xs, (2, 1, 0)),  # by i, then (b, s)
+                                                                 g.contiguous(), k.contiguous(), s0, s1,
+                                                                 T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES, num_warps=4)
+        return s0, s1
+    tiles = _blocks(T + 1, STEPS)
+    W = reach + P + tiles * STEPS  # (the forward's rows)
+    _check(reach, P, B * I * W, B * J * (tiles * STEPS + 1))
+    offset = k.new_full((J, _blocks(I, SYNAPSES) * SYNAPSES), reach + P)
+    offset[:, :I] = reach + P - k
+    _linear_grad_taps[(J * _blocks(I, SYNAPSES),)](_time_major(g, 1, tiles * STEPS + 1), _time_major(xs, reach, W),
+                                                   offset, s0, s1, B, I, J, W, tiles * STEPS + 1,
+                                                   BLOCK_I=SYNAPSES, BLOCK_V=STEPS, num_warps=1)
     return s0, s1
 
 

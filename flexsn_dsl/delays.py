@@ -91,7 +91,7 @@ class _DelayLinearFn(torch.autograd.Function):
         ctx.events = kernels.sparse(xs)  # (the backward's tap gradients follow this choice)
         y = kernels.linear_forward(xs.to(work).contiguous(), a.to(work).contiguous(), c.to(work).contiguous(),
                                    k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P,
-                                   ctx.events)
+                                   math.floor(max_delay) + 1, ctx.events)
         return y.to(xs.dtype)
 
     @staticmethod
@@ -117,11 +117,13 @@ class _DelayLinearFn(torch.autograd.Function):
         else:
             work = torch.float32 if xs.dtype in _WIDE else xs.dtype
             kernels, gw, xw, ki = _kernels(), g.to(work).contiguous(), xs.to(work).contiguous(), k.to(torch.int32)
+            reach = math.floor(ctx.max_delay) + 1
             if want_x:
-                grad_x = kernels.linear_grad_input(gw, a.to(work).contiguous(), c.to(work).contiguous(), ki, L, P)
+                grad_x = kernels.linear_grad_input(gw, a.to(work).contiguous(), c.to(work).contiguous(), ki, L, P,
+                                                   reach)
                 grad_x = grad_x.to(xs.dtype)
             if want_w or want_d:
-                s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, xw, ki, P, ctx.events))
+                s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, xw, ki, P, reach, ctx.events))
         grad_w = (1 - f) * s0 + f * s1 if want_w else None
         grad_d = torch.where(inside, weight * (s1 - s0), 0) if want_d else None
         grad_b = g.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[3] else None

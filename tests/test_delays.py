@@ -3,6 +3,13 @@ the gradients of x, weight, bias and delay (autograd of the loop), on both backe
 interpreter on the CPU), fractional and whole steps, delays clamped at 0 and max_delay, streaming."""
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -153,16 +160,21 @@ def _sparse(shape, density, seed):
 
 @pytest.fixture
 def kernels_launched(monkeypatch):
-    """The names of the linear delay kernels each call launches (the event kernels or the dense ones), in order."""
+    """The names of the linear delay kernels each call launches (the event kernels or the dense ones), in order:
+    the forward and the tap gradients (the dense forward is ``_delayed_sum`` with SHIFT 1; with SHIFT -1 it is the
+    input's gradient, not listed)."""
     from flexsn_dsl import delay_kernels
     launched = []
-    for name in ("_linear_forward", "_linear_grad_taps", "_linear_forward_events", "_linear_grad_taps_events"):
+    for name in ("_delayed_sum", "_linear_grad_taps", "_linear_forward_events", "_linear_grad_taps_events"):
         kernel = getattr(delay_kernels, name)
 
         class Spy:
             def __getitem__(self, grid, kernel=kernel, name=name):
-                launched.append(name)
-                return kernel[grid]
+                def launch(*args, **kwargs):
+                    if kwargs.get("SHIFT", 1) == 1:
+                        launched.append("_linear_forward" if name == "_delayed_sum" else name)
+                    return kernel[grid](*args, **kwargs)
+                return launch
         monkeypatch.setattr(delay_kernels, name, Spy())
     return launched
 
@@ -187,8 +199,10 @@ def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, mon
     """More outputs than an event program's block, delays clamped at both ends, a history, input spikes below the
     default density threshold: equal to the torch backend. The batch of three gives the event forward fewer
     programs than it asks for, so the forward is dense there and the tap gradients are events; a dense input in
-    the same layer takes the dense kernels."""
+    the same layer takes the dense kernels. The event forward's blocks of steps are shorter than the delays and
+    the history, so that an event reaches the steps of several blocks."""
     from flexsn_dsl import delay_kernels
+    monkeypatch.setattr(delay_kernels, "EVENT_STEPS", 4)
     J, I, T = delay_kernels.EVENT_SYNAPSES + 1, 40, 30
     torch.manual_seed(6)
     delays = torch.rand(J, I, dtype=F64) * 9 - 1
@@ -352,3 +366,20 @@ def test_a_delay_linear_of_whole_steps_exports_as_the_same_sum():
     assert sorted(float(n.delay[0]) for n in sub.nodes.values() if isinstance(n, nir.Delay)) == [1e-3, 2e-3, 3e-3]
     back = flexsn_dsl.from_nir(graph, dt=1e-3).to(F64)
     _close(back(x), layer(x))
+
+
+def test_dense_kernels_cost_one_load_and_a_few_instructions_a_synapse_step():
+    """DelayLinear's dense kernels compiled for sm_90 and read by nvdisasm (``benchmarks/isa_count.py --delays``):
+    each loaded input serves both taps, so a synapse-step (two fmas) takes about one load and under 6 (forward,
+    input's gradient) or 7 (taps' gradients) instructions, without spilling. Before the shared loads, unmasked
+    padded rows and the taps' single row, the same count was 24, 28 and 19 instructions with 2.4 to 5.4 loads."""
+    root = Path(__file__).resolve().parents[1]
+    if not list((Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin").glob("nvdisasm")):
+        pytest.skip("this Triton has no CUDA backend tools")
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "isa_count.py"), "--delays"], capture_output=True,
+                         text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    rows = re.findall(r"(\S+):\s+([0-9.]+) instructions, ([0-9.]+) loads per synapse-step; \d+ registers, (\d+) B stack",
+                      run.stdout)
+    assert [r[0] for r in rows] == ["forward", "gradient", "gradients"], run.stdout + run.stderr[-2000:]
+    for (_, instructions, loads, stack), most in zip(rows, (6, 6, 7)):
+        assert float(instructions) < most and float(loads) < 1.5 and stack == "0", run.stdout
