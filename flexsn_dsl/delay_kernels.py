@@ -33,8 +33,9 @@ infinite weight or gradient meets only the nonzero entries.
   run in one fixed order: the adds are atomic only so that a lane's successive adds to one element are ordered,
   and the result is deterministic. (The blocks of steps shorten each program's chain of events; an event is read by
   each block its taps can reach, at most ``(max_delay + 1) / EVENT_STEPS + 2`` of them.)
-- :func:`linear_grad_taps`: one program per input ``i`` and block of ``j`` gathers ``g`` at the steps each of
-  channel ``i``'s events reached, in the order (b, s), into ``S0``/``S1`` in registers.
+- :func:`linear_grad_taps`: one program per input ``i``, block of ``j`` and block of ``EVENT_ROWS`` batch rows
+  gathers ``g`` at the steps each of channel ``i``'s events reached, in the order (b, s), into partial sums of
+  ``S0``/``S1`` in registers, which the host sums (a fixed order too).
 
 The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` padded with zeros on
 both sides (made by the host functions for the call): a tile's axis along time is contiguous in memory, so that
@@ -65,6 +66,7 @@ EVENT_DENSITY = 0.02
 # forward runs
 EVENT_PROGRAMS = 128
 EVENT_STEPS = 128
+EVENT_ROWS = 32  # batch rows of an event tap-gradient program (its partial sums summed after: shorter chains)
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
 
@@ -150,20 +152,23 @@ def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, L, P, R
 
 
 @triton.jit
-def _linear_grad_taps_events(start, b_of, s_of, v_of, g, k, s0, s1, T, B, I, J, P, BLOCK_J: tl.constexpr):
-    i, j = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+def _linear_grad_taps_events(start, b_of, s_of, v_of, g, k, s0, s1, T, B, I, J, P,
+                             BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
+    # one program per input i, block of outputs j and block of batch rows: partial sums, one row of s0/s1 each
+    i, j, part = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J), tl.program_id(2)
     col = j < J
     kj = tl.load(k + j * I + i, mask=col, other=0)
     acc0 = tl.zeros((BLOCK_J,), dtype=s0.dtype.element_ty)
     acc1 = tl.zeros((BLOCK_J,), dtype=s0.dtype.element_ty)
-    for e in range(tl.load(start + i), tl.load(start + i + 1)):  # channel i's events, in the order (b, s)
+    rows = start + i * B + part * BLOCK_B
+    for e in range(tl.load(rows), tl.load(rows + tl.minimum(BLOCK_B, B - part * BLOCK_B))):  # (order (b, s))
         b, s, v = tl.load(b_of + e), tl.load(s_of + e), tl.load(v_of + e)
         t = s - P + kj
         at = g + (t * B + b) * J + j
         acc0 += v * tl.load(at, mask=col & (t >= 0) & (t < T), other=0)
         acc1 += v * tl.load(at + B * J, mask=col & (t >= -1) & (t < T - 1), other=0)
-    tl.store(s0 + j * I + i, acc0, mask=col)
-    tl.store(s1 + j * I + i, acc1, mask=col)
+    tl.store(s0 + (part * J + j) * I + i, acc0, mask=col)
+    tl.store(s1 + (part * J + j) * I + i, acc1, mask=col)
 
 
 @triton.jit
@@ -329,10 +334,13 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int,
         return s0, s1
     if events:
         _int32(L * B * I, T * B * J)
-        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES))](*_events(xs, (2, 1, 0)),  # by i, then (b, s)
-                                                                 g.contiguous(), k.contiguous(), s0, s1,
-                                                                 T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES, num_warps=4)
-        return s0, s1
+        parts = _blocks(B, EVENT_ROWS)
+        p0, p1 = g.new_empty((parts, J, I)), g.new_empty((parts, J, I))
+        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES), parts)](*_events(xs, (2, 1, 0), groups=2),
+                                                                        g.contiguous(), k.contiguous(), p0, p1,
+                                                                        T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,
+                                                                        BLOCK_B=EVENT_ROWS, num_warps=4)
+        return p0.sum(0), p1.sum(0)  # (by (i, b), then s)
     tiles = _blocks(T + 1, STEPS)
     W = reach + P + tiles * STEPS  # (the forward's rows)
     _check(reach, P, B * I * W, B * J * (tiles * STEPS + 1))

@@ -200,9 +200,11 @@ def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, mon
     default density threshold: equal to the torch backend. The batch of three gives the event forward fewer
     programs than it asks for, so the forward is dense there and the tap gradients are events; a dense input in
     the same layer takes the dense kernels. The event forward's blocks of steps are shorter than the delays and
-    the history, so that an event reaches the steps of several blocks."""
+    the history, so that an event reaches the steps of several blocks, and the tap gradients sum a partial sum
+    per batch row."""
     from flexsn_dsl import delay_kernels
     monkeypatch.setattr(delay_kernels, "EVENT_STEPS", 4)
+    monkeypatch.setattr(delay_kernels, "EVENT_ROWS", 1)
     J, I, T = delay_kernels.EVENT_SYNAPSES + 1, 40, 30
     torch.manual_seed(6)
     delays = torch.rand(J, I, dtype=F64) * 9 - 1
