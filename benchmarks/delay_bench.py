@@ -125,7 +125,7 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
 def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = False) -> None:
     """The delay kernels alone, dense against event (medians of ``triton.testing.do_bench``), per input density:
     the forward and the taps' gradient (the two with an event kernel) of one DelayLinear layer of each shape
-    (``quick``: two densities, layers 40 -> 16 and 16 -> 16)."""
+    (``quick``: two densities, layers 24 -> 8 and 8 -> 8)."""
     from triton.testing import do_bench  # noqa: PLC0415
 
     if device == "cpu":  # (--quick: the interpreter, once per call)
@@ -134,7 +134,7 @@ def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = Fals
             fn()
             return (time.perf_counter() - start) * 1e3
     densities = (0.05, 0.2) if quick else (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
-    shapes = ((40, 16), (16, 16)) if quick else ((SIZES[0], SIZES[1]), (SIZES[1], SIZES[2]))
+    shapes = ((24, 8), (8, 8)) if quick else ((SIZES[0], SIZES[1]), (SIZES[1], SIZES[2]))
     print("| layer | input density | forward dense (ms) | forward events (ms) | taps dense (ms) | taps events (ms) |")
     print("|---|---|---|---|---|---|")
     g = torch.Generator(device).manual_seed(0)

@@ -194,7 +194,7 @@ def check(spec: Path, dtype: str, tile: int = 2) -> list[str]:
     return found
 
 
-DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C", "N", "R", "Q", "W", "TG"}  # the delay kernels' integer arguments
+DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C", "N", "M", "R", "Q", "W", "TG"}  # the delay kernels' integer arguments
 DELAY_INDICES = {"k", "o", "start", "s_of", "i_of", "b_of"}  # their int32 arrays: steps, offsets, the events' groups
 # and indices
 

@@ -81,11 +81,12 @@ def _tap_row(taps, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _delayed_sum(src, taps, bias, out, N, B, R, Q, W, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _delayed_sum(src, taps, bias, out, N, B, M, Q, W, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_Q: tl.constexpr, BLOCK_U: tl.constexpr):
-    # out[u, b, q] += sum_r a src[b, r, o + u] and out[u + SHIFT, b, q] += sum_r c src[b, r, o + u] ((a, c, o) the
-    # taps of (r, q)), over steps u from -1 (SHIFT 1: a step before the first reaches the first) or 0; a flat grid
-    # over (b, block of u, block of q), q the fastest: programs side by side read the same rows
+    # out[u, b, q] += sum_r a src[b, r, o + u] and out[u + SHIFT, b, q] += sum_r c src[b, r, o + u] over the M
+    # rows r ((a, c, o) the taps of (r, q)), over steps u from -1 (SHIFT 1: a step before the first reaches the
+    # first) or 0; a flat grid over (b, block of u, block of q), q the fastest: programs side by side read the
+    # same rows
     p, blocks_q = tl.program_id(0), tl.cdiv(Q, BLOCK_Q)
     blocks_u = tl.cdiv(N + (SHIFT > 0), BLOCK_U)
     b = p // (blocks_q * blocks_u)
@@ -95,8 +96,8 @@ def _delayed_sum(src, taps, bias, out, N, B, R, Q, W, SHIFT: tl.constexpr, HAS_B
     later = tl.zeros((BLOCK_Q, BLOCK_U), dtype=out.dtype.element_ty)
     if HAS_BIAS:
         now += tl.load(bias + q, mask=q < Q, other=0)[:, None]
-    row = src + b * R * W + u[None, :]
-    for r in range(R):  # (the taps padded to whole blocks of q, the rows to whole blocks of u: no masks)
+    row = src + b * M * W + u[None, :]
+    for r in range(M):  # (the taps padded to whole blocks of q, the rows to whole blocks of u: no masks)
         a, c, o = _tap_row(taps + r * blocks_q * BLOCK_Q * 4, q, BLOCK_Q)
         x = tl.load(row + r * W + o[:, None])
         now += a[:, None] * x
@@ -134,7 +135,7 @@ def _linear_grad_taps(gp, xp, o, s0, s1, B, I, J, W, TG, BLOCK_I: tl.constexpr, 
 
 
 @triton.jit
-def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, L, P, R,
+def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, L, P, R,  # (R: reach)
                            BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr):
     # one program per sample b, block of outputs j and block of steps: the events of b that reach those steps
     b, j = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)

@@ -200,11 +200,12 @@ def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, mon
     default density threshold: equal to the torch backend. The batch of three gives the event forward fewer
     programs than it asks for, so the forward is dense there and the tap gradients are events; a dense input in
     the same layer takes the dense kernels. The event forward's blocks of steps are shorter than the delays and
-    the history, so that an event reaches the steps of several blocks, and the tap gradients sum a partial sum
-    per batch row."""
+    the history, so that an event reaches the steps of several blocks, and the tap gradients sum partial sums
+    of blocks of batch rows."""
     from flexsn_dsl import delay_kernels
-    monkeypatch.setattr(delay_kernels, "EVENT_STEPS", 4)
-    monkeypatch.setattr(delay_kernels, "EVENT_ROWS", 1)
+    monkeypatch.setattr(delay_kernels, "EVENT_SYNAPSES", 16)  # (blocks of 16 outputs: fewer interpreted programs)
+    monkeypatch.setattr(delay_kernels, "EVENT_STEPS", 8)  # (delays up to 8, 9 steps of history)
+    monkeypatch.setattr(delay_kernels, "EVENT_ROWS", 2)  # (a batch of three: a block of two and a block of one)
     J, I, T = delay_kernels.EVENT_SYNAPSES + 1, 40, 30
     torch.manual_seed(6)
     delays = torch.rand(J, I, dtype=F64) * 9 - 1
@@ -376,12 +377,13 @@ def test_dense_kernels_cost_one_load_and_a_few_instructions_a_synapse_step():
     input's gradient) or 7 (taps' gradients) instructions, without spilling. Before the shared loads, unmasked
     padded rows and the taps' single row, the same count was 24, 28 and 19 instructions with 2.4 to 5.4 loads."""
     root = Path(__file__).resolve().parents[1]
-    if not list((Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin").glob("nvdisasm")):
+    tools = Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin"
+    if not list(tools.glob("nvdisasm")):
         pytest.skip("this Triton has no CUDA backend tools")
     run = subprocess.run([sys.executable, str(root / "benchmarks" / "isa_count.py"), "--delays"], capture_output=True,
                          text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
-    rows = re.findall(r"(\S+):\s+([0-9.]+) instructions, ([0-9.]+) loads per synapse-step; \d+ registers, (\d+) B stack",
-                      run.stdout)
+    rows = re.findall(r"(\S+):\s+([0-9.]+) instructions, ([0-9.]+) loads per synapse-step; \d+ registers, "
+                      r"(\d+) B stack", run.stdout)
     assert [r[0] for r in rows] == ["forward", "gradient", "gradients"], run.stdout + run.stderr[-2000:]
     for (_, instructions, loads, stack), most in zip(rows, (6, 6, 7)):
         assert float(instructions) < most and float(loads) < 1.5 and stack == "0", run.stdout

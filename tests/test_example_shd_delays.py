@@ -78,6 +78,6 @@ def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     assert "longest delay 8:" in out and "aten::" in out
     delay_bench.main(["--quick", "--kernels"])
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if "->" in line and "| 0." in line]
-    assert [(r[0].strip(), float(r[1])) for r in rows] == [("40 -> 16", 0.05), ("40 -> 16", 0.2),
-                                                             ("16 -> 16", 0.05), ("16 -> 16", 0.2)]
+    assert [(r[0].strip(), float(r[1])) for r in rows] == [("24 -> 8", 0.05), ("24 -> 8", 0.2),
+                                                             ("8 -> 8", 0.05), ("8 -> 8", 0.2)]
     assert all(float(v) > 0 for r in rows for v in r[2:])
