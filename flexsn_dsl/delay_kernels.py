@@ -260,6 +260,15 @@ def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
     return rows
 
 
+def _input_rows(xs: torch.Tensor, T: int, P: int, reach: int) -> tuple[torch.Tensor, int]:
+    """``(rows, tiles)``: ``xs`` time-major with ``xs[s]`` at ``reach + s``, long enough for ``tiles`` tiles of
+    ``STEPS`` output steps from step -1 (its tap ``c`` reaches step 0), read at ``reach + P - k`` and one before."""
+    tiles = _blocks(T + 1, STEPS)
+    W = reach + P + tiles * STEPS
+    _check(reach, P, xs.shape[1] * xs.shape[2] * W)
+    return _time_major(xs, reach, W), tiles
+
+
 def _tap_rows(a: torch.Tensor, c: torch.Tensor, offset: torch.Tensor, fill: int) -> torch.Tensor:
     """``[rows, cols rounded up to SYNAPSES, 4]``: ``(a, c, offset, 0)`` per synapse in ``a``'s dtype (the offsets
     whole numbers below 2**24, exact), the columns past ``cols`` zero taps at offset ``fill``."""
@@ -294,12 +303,11 @@ def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.
         return y
     y = xs.new_zeros((T, B, J))
     if y.numel():
-        tiles = _blocks(T + 1, STEPS)  # (from step -1: its tap c reaches step 0)
-        W = reach + P + tiles * STEPS
-        _check(reach, P, B * I * W, T * B * J)
+        _int32(T * B * J)
+        rows, tiles = _input_rows(xs, T, P, reach)
         taps = _tap_rows(a.T, c.T, (reach + P - k).T, reach + P)  # xs[s] at reach + s: offset reach + P - k
-        _delayed_sum[(B * _blocks(J, SYNAPSES) * tiles,)](_time_major(xs, reach, W), taps,
-                                                          bias if bias is not None else y, y, T, B, I, J, W,
+        _delayed_sum[(B * _blocks(J, SYNAPSES) * tiles,)](rows, taps, bias if bias is not None else y, y,
+                                                          T, B, I, J, rows.shape[2],
                                                           SHIFT=1, HAS_BIAS=bias is not None, BLOCK_Q=SYNAPSES,
                                                           BLOCK_U=STEPS, num_warps=1)
     return y
@@ -330,9 +338,8 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int,
     kernel (``sparse(xs)``)."""
     T, B, J = g.shape
     L, _, I = xs.shape
-    s0, s1 = g.new_empty((J, I)), g.new_empty((J, I))
-    if not s0.numel():
-        return s0, s1
+    if not J * I:
+        return g.new_empty((J, I)), g.new_empty((J, I))
     if events:
         _int32(L * B * I, T * B * J)
         parts = _blocks(B, EVENT_ROWS)
@@ -342,13 +349,13 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int,
                                                                         T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,
                                                                         BLOCK_B=EVENT_ROWS, num_warps=4)
         return p0.sum(0), p1.sum(0)  # (by (i, b), then s)
-    tiles = _blocks(T + 1, STEPS)
-    W = reach + P + tiles * STEPS  # (the forward's rows)
-    _check(reach, P, B * I * W, B * J * (tiles * STEPS + 1))
+    rows, tiles = _input_rows(xs, T, P, reach)  # (the forward's rows)
+    _int32(B * J * (tiles * STEPS + 1))
     offset = k.new_full((J, _blocks(I, SYNAPSES) * SYNAPSES), reach + P)
     offset[:, :I] = reach + P - k
-    _linear_grad_taps[(J * _blocks(I, SYNAPSES),)](_time_major(g, 1, tiles * STEPS + 1), _time_major(xs, reach, W),
-                                                   offset, s0, s1, B, I, J, W, tiles * STEPS + 1,
+    s0, s1 = g.new_empty((J, I)), g.new_empty((J, I))
+    _linear_grad_taps[(J * _blocks(I, SYNAPSES),)](_time_major(g, 1, tiles * STEPS + 1), rows, offset, s0, s1,
+                                                   B, I, J, rows.shape[2], tiles * STEPS + 1,
                                                    BLOCK_I=SYNAPSES, BLOCK_V=STEPS, num_warps=1)
     return s0, s1
 
