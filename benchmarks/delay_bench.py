@@ -7,11 +7,11 @@ Prints per longest delay and implementation: the training step's time (forward, 
 step. At initialisation the hidden layers of this network are silent on these inputs (measured on the CPU,
 batch 2: the layers' input densities 0.010, 0, 0), so their event kernels have no events; ``--gain G``
 multiplies DelayLinear's initial weights by G to give them activity (16: about 0.015 and 0.035; 24: 0.055 and
-0.20). The script prints each layer's input density. ``--event-density D`` sets the input density up to which DelayLinear takes its event kernels (the default
-is ``flexsn_dsl.delay_kernels.EVENT_DENSITY``; 0 forces the dense ones, 1 the event ones): run it at both ends
-to find where the event kernels stop paying in the network; ``--kernels`` times the kernels alone, dense against
-event, at input densities from 0.2 % to 20 % (layer shapes 700 -> 256 and 256 -> 256): where they cross is
-``EVENT_DENSITY``. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with
+0.20). The script prints each layer's input density. ``--event-density D`` sets the input density up to which DelayLinear takes its event kernels, both
+``flexsn_dsl.delay_kernels.EVENT_FORWARD`` and ``EVENT_TAPS`` (0 forces the dense ones, 1 the event ones): run
+it at both ends to see what the event kernels give in the network; ``--kernels`` times the kernels alone, dense
+against event, at input densities from 0.2 % to 20 % (layer shapes 700 -> 256 and 256 -> 256): where they cross
+are ``EVENT_FORWARD`` (at the longest delay given, scaled as its comment says) and ``EVENT_TAPS``. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with
 the most time). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
@@ -171,13 +171,14 @@ def main(argv: list[str] | None = None) -> None:
         args.T, args.B, args.max_delays, args.repeat = 20, 4, [8], 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.event_density is not None:
-        delay_kernels.EVENT_DENSITY = args.event_density
+        delay_kernels.EVENT_FORWARD = delay_kernels.EVENT_TAPS = args.event_density
     g = torch.Generator().manual_seed(0)
-    x = (torch.rand(args.T, args.B, SIZES[0], generator=g) < args.density).float().to(device)
-    labels = torch.randint(SIZES[-1], (args.B,), generator=g).to(device)
+    x = (torch.rand(args.T, args.B, SIZES[0], generator=g, device="cpu") < args.density).float().to(device)
+    labels = torch.randint(SIZES[-1], (args.B,), generator=g, device="cpu").to(device)
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}: T={args.T}, B={args.B}, "
           f"{' -> '.join(map(str, SIZES))} LIF, input density {args.density}, event kernels up to density "
-          f"{delay_kernels.EVENT_DENSITY}")
+          f"{delay_kernels.EVENT_FORWARD} (forward, times the cost of its events per event added) and "
+          f"{delay_kernels.EVENT_TAPS} (tap gradients)")
     if args.kernels:
         return kernel_times(args.T, args.B, args.max_delays[0], device, args.quick)
     if args.profile:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import re
 import subprocess
@@ -164,11 +165,11 @@ def delay_counts(arch: int, sms: int, ghz: float) -> None:
     from flexsn_dsl import delay_kernels as dk
     sizes, steps = (700, 256, 256, 20), 1127 * 256
     synapses = [i * j for i, j in zip(sizes, sizes[1:])]
-    kernels = [("forward", dk._delayed_sum, {"SHIFT": 1, "HAS_BIAS": True, "BLOCK_Q": dk.SYNAPSES,
-                                             "BLOCK_U": dk.STEPS}, sum(synapses)),
-               ("input's gradient", dk._delayed_sum, {"SHIFT": -1, "HAS_BIAS": False, "BLOCK_Q": dk.SYNAPSES,
-                                                      "BLOCK_U": dk.STEPS}, sum(synapses[1:])),
-               ("taps' gradients", dk._linear_grad_taps, {"BLOCK_I": dk.SYNAPSES, "BLOCK_V": dk.STEPS}, sum(synapses))]
+    dense = {"BLOCK_Q": dk.SYNAPSES, "BLOCK_U": dk.STEPS}
+    kernels = [("forward", dk._delayed_sum, {"SHIFT": 1, "HAS_BIAS": True, **dense}, sum(synapses)),
+               ("input's gradient", dk._delayed_sum, {"SHIFT": -1, "HAS_BIAS": False, **dense}, sum(synapses[1:])),
+               ("taps' gradients", dk._linear_grad_taps, {"BLOCK_I": dk.TAP_SYNAPSES, "BLOCK_V": dk.STEPS},
+                sum(synapses))]
     total = 0.0
     for name, fn, constants, layer_synapses in kernels:
         signature = {arg: "constexpr" if arg in constants else "*i32" if arg == "o" else
@@ -176,7 +177,7 @@ def delay_counts(arch: int, sms: int, ghz: float) -> None:
         source = triton.compiler.ASTSource(fn, signature, constants)
         cubin = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1}).asm["cubin"]
         counts = loop_counts(cubin)
-        per_thread = dk.SYNAPSES * dk.STEPS / 32  # (one warp a program)
+        per_thread = math.prod(v for key, v in constants.items() if key.startswith("BLOCK")) / 32  # (one warp a program)
         per_step = sum(counts.values()) / per_thread
         loads = sum(n for op, n in counts.items() if op.startswith(("LDG", "LDS"))) / per_thread
         issue_ms = steps * layer_synapses * per_step / (sms * 4 * 32 * ghz * 1e9) * 1e3

@@ -22,9 +22,9 @@ added onto a zeroed output, each element receiving exactly two adds, which sum t
 a synapse-step costs one load and two fmas (the tap and the offset of each synapse come in one contiguous row,
 ``(a, c, offset, 0)``, a tile's worth a load).
 
-Sparse inputs (spikes: SHD's are at about 1 %) take event kernels instead, where at most ``EVENT_DENSITY`` of
-``xs``'s entries are nonzero (:func:`sparse`, decided once a call): each nonzero ``(s, b, i)`` is one event,
-and the work is per event rather than per (step, input) pair. Zeros are skipped, not multiplied: a NaN or
+Sparse inputs (spikes: SHD's are at about 1 %) take event kernels instead, where few enough of ``xs``'s entries
+are nonzero (:func:`event_kernels`, decided once a call, for the forward and the tap gradients apart): each
+nonzero ``(s, b, i)`` is one event, and the work is per event rather than per (step, input) pair. Zeros are skipped, not multiplied: a NaN or
 infinite weight or gradient meets only the nonzero entries.
 
 - :func:`linear_forward`: one program per ``b``, block of outputs ``j`` and block of steps adds each event of
@@ -38,7 +38,7 @@ infinite weight or gradient meets only the nonzero entries.
   ``S0``/``S1`` in registers, which the host sums (a fixed order too).
 
 The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` padded with zeros on
-both sides (made by the host functions for the call): a tile's axis along time is contiguous in memory, so that
+both sides (made for the call by :func:`_time_major_rows`, one pass): a tile's axis along time is contiguous in memory, so that
 its loads are coalesced whatever the delays, and padded, so that no load needs a mask (``xs[s]`` sits at
 ``reach + s``, ``reach = floor(max_delay) + 1`` steps of zeros before it). The padding is the only size the
 longest delay adds, to a transient copy: nothing held for the backward grows with ``max_delay``, and the
@@ -51,16 +51,22 @@ from .triton_settings import triton  # (Triton imported after the interpreter's 
 
 import triton.language as tl  # noqa: E402
 
-__all__ = ["channel_forward", "channel_grad_delay", "channel_grad_input", "linear_forward", "linear_grad_input",
-           "linear_grad_taps", "sparse"]
+__all__ = ["channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels", "linear_forward",
+           "linear_grad_input", "linear_grad_taps"]
 
 STEPS = 128  # steps of a dense linear kernel's tile (one warp, four a lane): contiguous in memory
 SYNAPSES = 8  # outputs j (forward) or inputs i (backward) of a dense linear kernel's tile
+TAP_SYNAPSES = 16  # inputs i of a dense tap-gradient tile (twice the others': half the time on an H100)
 EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 lanes x 4 warps), none repeated
-# at most this fraction of the input's entries nonzero: the event kernels; more, the dense ones (a first estimate
-# from the work each does, an event's two scattered adds against a dense step's two loads and two fmas per
-# input: to be measured on the GPU, `benchmarks/delay_bench.py --event-density`)
-EVENT_DENSITY = 0.02
+# the event kernels where the input is this sparse or sparser, at the crossovers with the dense kernels measured on
+# an H100 (`benchmarks/delay_bench.py --kernels`, BENCHMARKS.md): the tap gradients' where the input's density is
+# at most EVENT_TAPS (0.035 to 0.045 by layer); the forward's where its density times the cost of its events per
+# event it adds is at most EVENT_FORWARD. A block of EVENT_STEPS steps reads the events of its steps and of the
+# reach before them, and an event read but not added costs EVENT_READ of one added: so the cost is
+# 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS (crossovers 0.0070 at reach 65, 0.0051 at 513)
+EVENT_TAPS = 0.04
+EVENT_FORWARD = 0.0085
+EVENT_READ = 1 / 7
 # the event forward runs a program per sample, block of outputs and block of EVENT_STEPS steps, each through the
 # events that reach its steps in turn: with fewer programs than this (a batch of one, streaming) the dense
 # forward runs
@@ -220,6 +226,20 @@ def _channel_grad_delay(g, xs, k, part, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK
     tl.store(part + tl.program_id(0) * C + ch, tl.sum(gt * (x1 - x0), axis=0), mask=col)
 
 
+@triton.jit
+def _time_major_rows(x, rows, L, B, N, W, before, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr):
+    # rows[b, n, w] = x[w - before, b, n] (zero outside x's steps): a tile of steps by channels of one b, read
+    # along n and written along w; a flat grid over (b, block of n, block of w)
+    p, blocks_n, blocks_w = tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(W, BLOCK_S)
+    b = p // (blocks_n * blocks_w)
+    n = p // blocks_w % blocks_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w = p % blocks_w * BLOCK_S + tl.arange(0, BLOCK_S)
+    s = w - before
+    inside = (n < N)[None, :]
+    tile = tl.load(x + (s[:, None] * B + b) * N + n[None, :], mask=inside & ((s >= 0) & (s < L))[:, None], other=0)
+    tl.store(rows + (b * N + n[None, :]) * W + w[:, None], tile, mask=inside & (w < W)[:, None])
+
+
 def _blocks(n: int, block: int) -> int:
     return max(1, -(-n // block))
 
@@ -231,13 +251,17 @@ def _int32(*sizes: int) -> None:
                          f"elements, got {max(sizes)}; call the layer on fewer steps or a smaller batch")
 
 
-def sparse(xs: torch.Tensor) -> bool:
-    """Whether the event kernels take ``xs``: at most ``EVENT_DENSITY`` of its entries nonzero. Counting them waits
-    for the GPU, so a call decides once (its backward follows the forward's choice), and never while a CUDA graph
-    is captured or torch.compile traces (the dense kernels, which wait for nothing, run there)."""
-    if EVENT_DENSITY <= 0 or torch.compiler.is_compiling() or (xs.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return False
-    return torch.count_nonzero(xs).item() <= EVENT_DENSITY * xs.numel()
+def event_kernels(xs: torch.Tensor, reach: int) -> tuple[bool, bool]:
+    """``(forward, taps)``: whether the event kernels take the forward and the tap gradients of ``xs`` (taps
+    reaching ``reach`` steps back), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``). Counting its nonzero
+    entries waits for the GPU, so a call decides once (its backward follows the forward's choice), and never while
+    a CUDA graph is captured or torch.compile traces (the dense kernels, which wait for nothing, run there)."""
+    if (EVENT_FORWARD <= 0 and EVENT_TAPS <= 0) or torch.compiler.is_compiling() or (
+            xs.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False, False
+    density = torch.count_nonzero(xs).item() / max(xs.numel(), 1)
+    per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
+    return EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD, EVENT_TAPS > 0 and density <= EVENT_TAPS
 
 
 def _events(xs: torch.Tensor, order: tuple[int, int, int], groups: int = 1) -> tuple[torch.Tensor, ...]:
@@ -253,10 +277,15 @@ def _events(xs: torch.Tensor, order: tuple[int, int, int], groups: int = 1) -> t
 
 
 def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
-    """``x [n_steps, B, n]`` as ``[B, n, steps]``, ``x[s]`` at ``before + s`` and zeros elsewhere (a transient
-    copy): each (b, n)'s steps in a row."""
-    rows = x.new_zeros((x.shape[1], x.shape[2], steps))
-    rows[:, :, before:before + len(x)] = x.permute(1, 2, 0)
+    """``x [n_steps, B, n]`` (contiguous) as ``[B, n, steps]``, ``x[s]`` at ``before + s`` and zeros elsewhere (a
+    transient copy): each (b, n)'s steps in a row. One pass of :func:`_time_major_rows`, whose tiles read and write
+    whole lines (a strided copy reads one element a line)."""
+    n_steps, B, n = x.shape
+    rows = x.new_empty((B, n, steps))
+    if rows.numel():
+        _int32(x.numel(), rows.numel())
+        _time_major_rows[(B * _blocks(n, ROWS) * _blocks(steps, COLS),)](x, rows, n_steps, B, n, steps, before,
+                                                                        BLOCK_S=COLS, BLOCK_N=ROWS, num_warps=4)
     return rows
 
 
@@ -289,7 +318,7 @@ def _check(reach: int, P: int, *sizes: int) -> None:
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
                    T: int, P: int, reach: int, events: bool = False) -> torch.Tensor:
     """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring), ``reach`` > every
-    ``k``; ``events``: the event kernel (``sparse(xs)``), where the batch gives it ``EVENT_PROGRAMS`` programs or
+    ``k``; ``events``: the event kernel (``event_kernels``), where the batch gives it ``EVENT_PROGRAMS`` programs or
     more."""
     L, B, I = xs.shape
     J = a.shape[0]
@@ -335,7 +364,7 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int,
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S0, S1)``, each ``[J, I]``: the input at ``-k`` and at ``-k-1`` steps, summed against ``g`` over
     (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``events``: the event
-    kernel (``sparse(xs)``)."""
+    kernel (``event_kernels``)."""
     T, B, J = g.shape
     L, _, I = xs.shape
     if not J * I:
@@ -351,12 +380,12 @@ def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int,
         return p0.sum(0), p1.sum(0)  # (by (i, b), then s)
     rows, tiles = _input_rows(xs, T, P, reach)  # (the forward's rows)
     _int32(B * J * (tiles * STEPS + 1))
-    offset = k.new_full((J, _blocks(I, SYNAPSES) * SYNAPSES), reach + P)
+    offset = k.new_full((J, _blocks(I, TAP_SYNAPSES) * TAP_SYNAPSES), reach + P)
     offset[:, :I] = reach + P - k
     s0, s1 = g.new_empty((J, I)), g.new_empty((J, I))
-    _linear_grad_taps[(J * _blocks(I, SYNAPSES),)](_time_major(g, 1, tiles * STEPS + 1), rows, offset, s0, s1,
-                                                   B, I, J, rows.shape[2], tiles * STEPS + 1,
-                                                   BLOCK_I=SYNAPSES, BLOCK_V=STEPS, num_warps=1)
+    _linear_grad_taps[(J * _blocks(I, TAP_SYNAPSES),)](_time_major(g, 1, tiles * STEPS + 1), rows, offset, s0, s1,
+                                                       B, I, J, rows.shape[2], tiles * STEPS + 1,
+                                                       BLOCK_I=TAP_SYNAPSES, BLOCK_V=STEPS, num_warps=1)
     return s0, s1
 
 

@@ -88,10 +88,11 @@ class _DelayLinearFn(torch.autograd.Function):
             return y
         work = torch.float32 if xs.dtype in _WIDE else xs.dtype
         kernels = _kernels()
-        ctx.events = kernels.sparse(xs)  # (the backward's tap gradients follow this choice)
+        reach = math.floor(max_delay) + 1
+        events, ctx.events = kernels.event_kernels(xs, reach)  # (the backward's tap gradients follow this choice)
         y = kernels.linear_forward(xs.to(work).contiguous(), a.to(work).contiguous(), c.to(work).contiguous(),
                                    k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P,
-                                   math.floor(max_delay) + 1, ctx.events)
+                                   reach, events)
         return y.to(xs.dtype)
 
     @staticmethod

@@ -179,12 +179,47 @@ def kernels_launched(monkeypatch):
     return launched
 
 
+def _thresholds(monkeypatch, forward: float, taps: float) -> None:
+    """The input densities up to which the event forward and tap gradients run (for this test)."""
+    from flexsn_dsl import delay_kernels
+    monkeypatch.setattr(delay_kernels, "EVENT_FORWARD", forward)
+    monkeypatch.setattr(delay_kernels, "EVENT_TAPS", taps)
+
+
+def test_time_major_rows_hold_the_input_between_zeros():
+    """The dense kernels' time-major copy: ``x [steps, B, n]`` as ``[B, n, W]``, ``x[s]`` at ``before + s`` and
+    zeros elsewhere, written whole (its memory is not zeroed first); channels and steps past whole tiles."""
+    from flexsn_dsl.delay_kernels import COLS, ROWS, _time_major
+    x = torch.randn(COLS + 3, 3, ROWS + 5, dtype=F64)
+    want = torch.zeros(3, ROWS + 5, 2 * COLS + 9, dtype=F64)
+    want[:, :, 4:4 + len(x)] = x.permute(1, 2, 0)
+    assert torch.equal(_time_major(x, 4, want.shape[2]), want)
+
+
+def test_event_kernels_are_chosen_per_kernel_by_density_and_reach(monkeypatch):
+    """The forward's events where density x (1 + EVENT_READ (EVENT_STEPS + reach) / EVENT_STEPS) is at most
+    EVENT_FORWARD, the tap gradients' where the density is at most EVENT_TAPS: one count of an input with exactly
+    1 % ones."""
+    from flexsn_dsl import delay_kernels
+    monkeypatch.setattr(delay_kernels, "EVENT_READ", 0.5)
+    _thresholds(monkeypatch, 0.021, 0.05)
+    x = torch.zeros(50, 4, 10)
+    x.view(-1)[::100] = 1.0  # (20 of 2,000)
+    steps = delay_kernels.EVENT_STEPS
+    assert delay_kernels.event_kernels(x, steps // 4) == (True, True)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
+    assert delay_kernels.event_kernels(x, 2 * steps) == (False, True)  # 0.01 x (1 + 0.5 x 3) = 0.025
+    _thresholds(monkeypatch, 0.021, 0.005)
+    assert delay_kernels.event_kernels(x, 1) == (True, False)
+    _thresholds(monkeypatch, 0.0, 0.0)
+    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1) == (False, False)
+
+
 @pytest.mark.parametrize("T", [6, 2])
 def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, monkeypatch):
     """Sparse inputs take the event kernels (the forward and the weight and delay gradients; the input's gradient
     stays dense): equal to the loop, values and all four gradients, with a history in front."""
     from flexsn_dsl import delay_kernels
-    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", 0.5)
+    _thresholds(monkeypatch, 1.0, 0.5)
     monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)  # (the event forward on a batch of two)
     layer = _layer("triton", DELAYS, 3.0)
     history, x = _sparse((4, 2, 4), 0.3, 7), _sparse((T, 2, 4), 0.3, 8).requires_grad_()
@@ -211,7 +246,7 @@ def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, mon
     delays = torch.rand(J, I, dtype=F64) * 9 - 1
     delays[0, :3] = torch.tensor([0.0, 8.0, 7.5])
     torch_layer, triton_layer = _layer("torch", delays, 8.0), _layer("triton", delays, 8.0)
-    density = delay_kernels.EVENT_DENSITY / 2
+    density = delay_kernels.EVENT_FORWARD / (1 + delay_kernels.EVENT_READ * (8 + 9) / 8) / 2  # (at reach 9)
     history, x = _sparse((9, 3, I), density, 9), _sparse((T, 3, I), density, 10)
     want = torch_layer(x, history=history)
     ref = _grads(want, [torch_layer.weight, torch_layer.delay, torch_layer.bias])
@@ -237,19 +272,19 @@ def test_event_kernels_in_float32_and_without_events(kernels_launched, monkeypat
     x = _sparse((25, 2, 30), 0.01, 11).float()
     outs = []
     for density in (0.02, 0.0):
-        monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", density)
+        _thresholds(monkeypatch, density, density)
         y = layer(x)
         outs.append((y, *torch.autograd.grad(y, [layer.weight, layer.delay], torch.ones_like(y))))
     for got, want in zip(*outs):
         assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events",
                                 "_linear_forward", "_linear_grad_taps"]
-    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", 0.02)
+    _thresholds(monkeypatch, 0.02, 0.02)
     y = layer(torch.zeros(5, 2, 30))
     gw, gd = torch.autograd.grad(y, [layer.weight, layer.delay], torch.ones_like(y))
     assert torch.equal(y, layer.bias.detach().expand(5, 2, 20)) and not gw.any() and not gd.any()
     assert kernels_launched[-2:] == ["_linear_forward_events", "_linear_grad_taps_events"]
-    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", 0.0)
+    _thresholds(monkeypatch, 0.0, 0.0)
     layer(torch.zeros(5, 2, 30))
     assert kernels_launched[-1] == "_linear_forward"
 

@@ -66,13 +66,14 @@ def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     from flexsn_dsl import delay_kernels
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import delay_bench
-    monkeypatch.setattr(delay_kernels, "EVENT_DENSITY", delay_kernels.EVENT_DENSITY)  # (restored: --event-density sets it)
+    for name in ("EVENT_FORWARD", "EVENT_TAPS"):  # (restored: --event-density sets them)
+        monkeypatch.setattr(delay_kernels, name, getattr(delay_kernels, name))
     delay_bench.main(["--quick", "--gain", "16", "--event-density", "0.5"])
     out = capsys.readouterr().out
     densities = next(line for line in out.splitlines() if line.startswith("gain 16.0"))
     values = [float(v) for v in densities.split("densities ")[1].split(", ")]
     assert len(values) == 3 and 0.005 < values[0] < 0.02 and all(v > 0 for v in values[1:])
-    assert "event kernels up to density 0.5" in out and "| 8 | flexsn-dsl DelayLinear |" in out
+    assert "event kernels up to density 0.5 (forward" in out and "| 8 | flexsn-dsl DelayLinear |" in out
     delay_bench.main(["--quick", "--profile"])
     out = capsys.readouterr().out
     assert "longest delay 8:" in out and "aten::" in out
