@@ -194,7 +194,8 @@ def check(spec: Path, dtype: str, tile: int = 2) -> list[str]:
     return found
 
 
-DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C", "N", "M", "R", "Q", "W", "TG", "before"}  # the delay kernels' integer arguments
+# the delay kernels' integer arguments
+DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C", "N", "M", "R", "Q", "W", "TG", "before"}
 DELAY_INDICES = {"k", "o", "start", "s_of", "i_of", "b_of"}  # their int32 arrays: steps, offsets, the events' groups
 # and indices
 
@@ -205,7 +206,8 @@ def check_delays(dtype: str) -> list[str]:
     _, pointer = DTYPES[dtype]
     found = []
     for name, fn in sorted(vars(delay_kernels).items()):
-        if not (name.startswith(("_linear_", "_channel_", "_delayed_", "_time_major_")) and hasattr(fn, "arg_names")):  # (kernels)
+        kernel = name.startswith(("_linear_", "_channel_", "_delayed_", "_time_major_")) and hasattr(fn, "arg_names")
+        if not kernel:
             continue
         signature, constants = {}, {}
         for arg in fn.arg_names:

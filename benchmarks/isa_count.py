@@ -177,7 +177,8 @@ def delay_counts(arch: int, sms: int, ghz: float) -> None:
         source = triton.compiler.ASTSource(fn, signature, constants)
         cubin = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1}).asm["cubin"]
         counts = loop_counts(cubin)
-        per_thread = math.prod(v for key, v in constants.items() if key.startswith("BLOCK")) / 32  # (one warp a program)
+        # (one warp a program)
+        per_thread = math.prod(v for key, v in constants.items() if key.startswith("BLOCK")) / 32
         per_step = sum(counts.values()) / per_thread
         loads = sum(n for op, n in counts.items() if op.startswith(("LDG", "LDS"))) / per_thread
         issue_ms = steps * layer_synapses * per_step / (sms * 4 * 32 * ghz * 1e9) * 1e3

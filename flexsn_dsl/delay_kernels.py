@@ -24,8 +24,8 @@ a synapse-step costs one load and two fmas (the tap and the offset of each synap
 
 Sparse inputs (spikes: SHD's are at about 1 %) take event kernels instead, where few enough of ``xs``'s entries
 are nonzero (:func:`event_kernels`, decided once a call, for the forward and the tap gradients apart): each
-nonzero ``(s, b, i)`` is one event, and the work is per event rather than per (step, input) pair. Zeros are skipped, not multiplied: a NaN or
-infinite weight or gradient meets only the nonzero entries.
+nonzero ``(s, b, i)`` is one event, and the work is per event rather than per (step, input) pair. Zeros are
+skipped, not multiplied: a NaN or infinite weight or gradient meets only the nonzero entries.
 
 - :func:`linear_forward`: one program per ``b``, block of outputs ``j`` and block of steps adds each event of
   sample ``b`` that reaches its steps, in the order (s, i), to the steps its taps reach (``y[s-P+k] += a v``,
@@ -38,11 +38,11 @@ infinite weight or gradient meets only the nonzero entries.
   ``S0``/``S1`` in registers, which the host sums (a fixed order too).
 
 The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` padded with zeros on
-both sides (made for the call by :func:`_time_major_rows`, one pass): a tile's axis along time is contiguous in memory, so that
-its loads are coalesced whatever the delays, and padded, so that no load needs a mask (``xs[s]`` sits at
-``reach + s``, ``reach = floor(max_delay) + 1`` steps of zeros before it). The padding is the only size the
-longest delay adds, to a transient copy: nothing held for the backward grows with ``max_delay``, and the
-delays are indices. Offsets are int32 (each tensor below 2**31 elements, checked by the host functions)."""
+both sides (made for the call by :func:`_time_major_rows`, in one pass): a tile's axis along time is contiguous
+in memory, so that its loads are coalesced whatever the delays, and padded, so that no load needs a mask
+(``xs[s]`` sits at ``reach + s``, ``reach = floor(max_delay) + 1`` steps of zeros before it). The padding is the
+only size the longest delay adds, to a transient copy: nothing held for the backward grows with ``max_delay``,
+and the delays are indices. Offsets are int32 (each tensor below 2**31 elements, checked by the host functions)."""
 from __future__ import annotations
 
 import torch
@@ -75,6 +75,7 @@ EVENT_STEPS = 128
 EVENT_ROWS = 32  # batch rows of an event tap-gradient program (its partial sums summed after: shorter chains)
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
+COPY_TILE = 32  # steps, and channels, of a time-major copy's tile
 
 
 @triton.jit
@@ -284,8 +285,9 @@ def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
     rows = x.new_empty((B, n, steps))
     if rows.numel():
         _int32(x.numel(), rows.numel())
-        _time_major_rows[(B * _blocks(n, ROWS) * _blocks(steps, COLS),)](x, rows, n_steps, B, n, steps, before,
-                                                                        BLOCK_S=COLS, BLOCK_N=ROWS, num_warps=4)
+        grid = (B * _blocks(n, COPY_TILE) * _blocks(steps, COPY_TILE),)
+        _time_major_rows[grid](x, rows, n_steps, B, n, steps, before, BLOCK_S=COPY_TILE, BLOCK_N=COPY_TILE,
+                               num_warps=4)
     return rows
 
 

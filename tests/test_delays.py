@@ -189,9 +189,9 @@ def _thresholds(monkeypatch, forward: float, taps: float) -> None:
 def test_time_major_rows_hold_the_input_between_zeros():
     """The dense kernels' time-major copy: ``x [steps, B, n]`` as ``[B, n, W]``, ``x[s]`` at ``before + s`` and
     zeros elsewhere, written whole (its memory is not zeroed first); channels and steps past whole tiles."""
-    from flexsn_dsl.delay_kernels import COLS, ROWS, _time_major
-    x = torch.randn(COLS + 3, 3, ROWS + 5, dtype=F64)
-    want = torch.zeros(3, ROWS + 5, 2 * COLS + 9, dtype=F64)
+    from flexsn_dsl.delay_kernels import COPY_TILE, _time_major
+    x = torch.randn(COPY_TILE + 3, 3, COPY_TILE + 5, dtype=F64)
+    want = torch.zeros(3, COPY_TILE + 5, 2 * COPY_TILE + 9, dtype=F64)
     want[:, :, 4:4 + len(x)] = x.permute(1, 2, 0)
     assert torch.equal(_time_major(x, 4, want.shape[2]), want)
 
