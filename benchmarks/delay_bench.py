@@ -13,10 +13,11 @@ forces the dense ones, 1 the event ones): run it at both ends to see what the ev
 ``--kernels`` times the kernels alone, dense against event, at input densities from 0.2 % to 20 % (layer shapes
 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled as its
 comment says) and ``EVENT_TAPS``. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes
-(torch.profiler, the kernels with the most time). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
+(torch.profiler, the kernels with the most time), and ``--memory`` what is live at its peak of GPU memory, by
+the line that allocated it (the CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
-                                     [--event-density D] [--profile] [--kernels]
+                                     [--event-density D] [--profile] [--memory] [--kernels]
 """
 from __future__ import annotations
 
@@ -123,6 +124,52 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
 
 
+def peak_blocks(events: list[dict], where: tuple[str, ...] = ("flexsn_dsl", "examples")
+                ) -> tuple[int, list[tuple[str, int, int]]]:
+    """The peak of the bytes allocated along ``events`` (a CUDA memory snapshot's trace: ``alloc`` and
+    ``free_completed`` actions with ``addr``, ``size`` and ``frames``), above what was live before them, and the
+    blocks live at that peak grouped by the first of their frames in a file whose path holds one of ``where``:
+    ``(peak, [(frame, bytes, blocks), ...])``, the most bytes first."""
+    def replay(until: int) -> tuple[dict, int, int]:
+        live, now, peak, at = {}, 0, 0, -1
+        for n, e in enumerate(events[:until]):
+            if e["action"] == "alloc":
+                live[e["addr"]] = e
+                now += e["size"]
+                if now > peak:
+                    peak, at = now, n
+            elif e["action"] == "free_completed" and e["addr"] in live:
+                now -= live.pop(e["addr"])["size"]
+        return live, peak, at
+    _, peak, at = replay(len(events))
+    groups: dict[str, list[int]] = {}
+    for e in replay(at + 1)[0].values():
+        frame = next((f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in e.get("frames", [])
+                      if any(w in f["filename"] for w in where)), "elsewhere")
+        group = groups.setdefault(frame, [0, 0])
+        group[0] += e["size"]
+        group[1] += 1
+    return peak, sorted(((f, n, k) for f, (n, k) in groups.items()), key=lambda g: -g[1])
+
+
+def memory(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 12) -> None:
+    """What is live at a training step's peak of GPU memory, by where it was allocated (the allocator's history
+    of one step after a warm-up)."""
+    step = training_step(net, x, labels)
+    step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    step()
+    torch.cuda.synchronize()
+    events = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    peak, groups = peak_blocks(events)
+    print(f"live before the step {before / 1e9:.2f} GB, peak {(before + peak) / 1e9:.2f} GB; at the peak:")
+    for frame, size, blocks in groups[:rows]:
+        print(f"  {size / 1e9:6.3f} GB in {blocks:3d} blocks  {frame}")
+
+
 def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = False) -> None:
     """The delay kernels alone, dense against event (medians of ``triton.testing.do_bench``), per input density:
     the forward and the taps' gradient (the two with an event kernel) of one DelayLinear layer of each shape
@@ -166,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="where a flexsn-dsl step's time goes, per delay")
     parser.add_argument("--kernels", action="store_true",
                         help="the kernels alone, dense against event, per input density (at the first longest delay)")
+    parser.add_argument("--memory", action="store_true",
+                        help="what is live at a step's peak of GPU memory, by where it was allocated (CUDA only)")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
     args = parser.parse_args(argv)
     if args.quick:
@@ -182,6 +231,13 @@ def main(argv: list[str] | None = None) -> None:
           f"{delay_kernels.EVENT_TAPS} (tap gradients)")
     if args.kernels:
         return kernel_times(args.T, args.B, args.max_delays[0], device, args.quick)
+    if args.memory:
+        if device != "cuda":
+            parser.error("--memory reads the CUDA allocator's history: it needs a GPU")
+        for max_delay in args.max_delays:
+            print(f"longest delay {max_delay}:")
+            memory(DelayNet(max_delay, "auto", args.gain).to(device), x, labels)
+        return
     if args.profile:
         for max_delay in args.max_delays:
             print(f"longest delay {max_delay}:")

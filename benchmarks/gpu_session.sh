@@ -14,7 +14,7 @@
 #            the Open Neuromorphic workload with its peers (open_neuromorphic.py)
 #   v4       issues 40 and 42: plasticity_bench.py (fused vs torch, STDPLearner), examples/song_abbott.py,
 #            delay_bench.py --kernels (dense against event kernels per input density), delay_bench.py at the default event threshold, then with active hidden layers (--gain 24) at the
-#            default threshold, dense only and events only, and its --profile (about 8 minutes on an H100;
+#            default threshold, dense only and events only, its --profile and --memory (about 8 minutes on an H100;
 #            .whl/ with dcls, spikingjelly and loguru)
 # Results go to $OUT (default benchmarks/results) as DEVICE-WHAT-YYYY-MM-DD[-LABEL].{log,json}, WHAT one of
 # conformance, bench, ct, shaped, recurrent, network, ddp, long, scan, on, plasticity, delays; DEVICE defaults to the GPU's model (h200), LABEL
@@ -97,6 +97,7 @@ v4() {
   run delays 120 "${D[@]}" --gain 24 --max-delays 64 512 --event-density 0  # dense only
   run delays 120 "${D[@]}" --gain 24 --max-delays 64 512 --event-density 1  # events only
   run delays 90 python3 benchmarks/delay_bench.py --profile --max-delays 64 --gain 24
+  run delays 90 python3 benchmarks/delay_bench.py --memory --max-delays 64       # what is live at the peak
 }
 
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(check table)

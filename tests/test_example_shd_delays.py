@@ -82,3 +82,24 @@ def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     assert [(r[0].strip(), float(r[1])) for r in rows] == [("24 -> 8", 0.05), ("24 -> 8", 0.2),
                                                              ("8 -> 8", 0.05), ("8 -> 8", 0.2)]
     assert all(float(v) > 0 for r in rows for v in r[2:])
+
+
+def test_delay_bench_memory_finds_the_blocks_live_at_the_peak(monkeypatch):
+    """--memory's reading of the allocator's history: the peak above the start, and what is live there grouped by
+    the first frame in the package (a free of a block allocated before the history is not counted)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import delay_bench
+
+    def frames(*where):
+        return [{"filename": f"/x/{path}", "line": line, "name": "f"} for path, line in where]
+    kernels, module = ("flexsn_dsl/delay_kernels.py", 10), ("flexsn_dsl/delays.py", 20)
+    events = [{"action": "free_completed", "addr": 99, "size": 1000},  # (allocated before the history)
+              {"action": "alloc", "addr": 1, "size": 300, "frames": frames(("torch/x.py", 1), kernels, module)},
+              {"action": "alloc", "addr": 2, "size": 200, "frames": frames(module)},
+              {"action": "alloc", "addr": 3, "size": 50, "frames": frames(kernels)},
+              {"action": "free_completed", "addr": 1, "size": 300},
+              {"action": "alloc", "addr": 4, "size": 100, "frames": frames(("torch/y.py", 2))},
+              {"action": "free_completed", "addr": 3, "size": 50}]
+    peak, groups = delay_bench.peak_blocks(events)
+    assert peak == 550
+    assert groups == [("delay_kernels.py:10 f", 350, 2), ("delays.py:20 f", 200, 1)]
