@@ -141,17 +141,20 @@ def _traced_backward(key: str, store_seqs: bool, grads: list[Optional[torch.Tens
                              layout, init_grads, seed)
 
 
-torch.library.triton_op("flexsn_dsl::traced_forward", _traced_forward, mutates_args=())
-torch.library.triton_op("flexsn_dsl::traced_backward", _traced_backward, mutates_args=())
-traced_forward = torch.ops.flexsn_dsl.traced_forward.default
-traced_backward = torch.ops.flexsn_dsl.traced_backward.default
+# (registered only where they can run: a triton_op's registration imports inductor, about 0.6 s of every
+# process on a machine without a GPU, where no traced operator is ever called)
+_TRACED: tuple | None = None
+if torch.cuda.is_available() and not interpreting():
+    torch.library.triton_op("flexsn_dsl::traced_forward", _traced_forward, mutates_args=())
+    torch.library.triton_op("flexsn_dsl::traced_backward", _traced_backward, mutates_args=())
+    _TRACED = (torch.ops.flexsn_dsl.traced_forward.default, torch.ops.flexsn_dsl.traced_backward.default)
 
 
 def _operators(key: str, like: torch.Tensor) -> tuple:
     """The (forward, backward) operators a compiled step of spec ``key`` calls on inputs like ``like``."""
-    if (like.is_cuda and not interpreting() and not launch_settings().autotune
+    if (_TRACED and like.is_cuda and not interpreting() and not launch_settings().autotune
             and (not _REGISTRY[key].info.param_names or all(type(d) is int for d in like.shape))):
-        return traced_forward, traced_backward
+        return _TRACED
     return fused_forward, fused_backward
 
 

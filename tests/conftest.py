@@ -20,7 +20,8 @@ if torch.cuda.is_available() and not interpreting():
 
 
 # set by pytest for each test, and by libraries once a process on first use (torch's inductor, Intel's OpenMP)
-LIBRARY_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "KMP_", "_TORCHINDUCTOR")
+LIBRARY_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "KMP_", "_TORCHINDUCTOR",
+                       "TORCHINDUCTOR_CACHE_DIR")
 INSTALLATION = tuple({sys.prefix, sys.base_prefix})  # sys.path entries inside it are added by libraries (setuptools)
 
 
