@@ -14,7 +14,8 @@ forces the dense ones, 1 the event ones): run it at both ends to see what the ev
 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled as its
 comment says) and ``EVENT_TAPS``. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes
 (torch.profiler, the kernels with the most time), and ``--memory`` what is live at its peak of GPU memory, by
-the line that allocated it (the CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
+the line that allocated it (the CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch
+backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
                                      [--event-density D] [--profile] [--memory] [--kernels]
