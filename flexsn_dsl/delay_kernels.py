@@ -32,10 +32,13 @@ skipped, not multiplied: a NaN or infinite weight or gradient meets only the non
   ``y[s-P+k+1] += c v``) among its own. Only that program writes those elements, each from one lane, so the sums
   run in one fixed order: the adds are atomic only so that a lane's successive adds to one element are ordered,
   and the result is deterministic. (The blocks of steps shorten each program's chain of events; an event is read by
-  each block its taps can reach, at most ``(max_delay + 1) / EVENT_STEPS + 2`` of them.)
+  each block its taps can reach, at most ``(max_delay + 1) / steps + 2`` of them.)
 - :func:`linear_grad_taps`: one program per input ``i``, block of ``j`` and block of ``EVENT_ROWS`` batch rows
-  gathers ``g`` at the steps each of channel ``i``'s events reached, in the order (b, s), into partial sums of
-  ``S0``/``S1`` in registers, which the host sums (a fixed order too).
+  gathers ``g`` at the steps each of channel ``i``'s events reached, in the order (b, s) and ``TAP_EVENTS`` at a
+  time, into partial sums of ``S0``/``S1`` in registers, which the host sums (a fixed order too).
+
+The events are the nonzero entries found in ``xs``'s own order and sorted by one key (:func:`_events`); their
+count (:func:`event_kernels`) is summed per block by a kernel, copying nothing.
 
 The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` padded with zeros on
 both sides (made for the call by :func:`_time_major_rows`, in one pass): a tile's axis along time is contiguous
@@ -45,13 +48,15 @@ only size the longest delay adds, to a transient copy: nothing held for the back
 and the delays are indices. Offsets are int32 (each tensor below 2**31 elements, checked by the host functions)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .triton_settings import triton  # (Triton imported after the interpreter's switch)
 
 import triton.language as tl  # noqa: E402
 
-__all__ = ["channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels", "linear_forward",
+__all__ = ["EventChoice", "channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels", "linear_forward",
            "linear_grad_input", "linear_grad_taps"]
 
 STEPS = 128  # steps of a dense linear kernel's tile (one warp, four a lane): contiguous in memory
@@ -60,18 +65,25 @@ TAP_SYNAPSES = 16  # inputs i of a dense tap-gradient tile (twice the others': h
 EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 lanes x 4 warps), none repeated
 # the event kernels where the input is this sparse or sparser, at the crossovers with the dense kernels measured on
 # an H100 (`benchmarks/delay_bench.py --kernels`, BENCHMARKS.md): the tap gradients' where the input's density is
-# at most EVENT_TAPS (0.035 to 0.045 by layer); the forward's where its density times the cost of its events per
-# event it adds is at most EVENT_FORWARD. A block of EVENT_STEPS steps reads the events of its steps and of the
-# reach before them, and an event read but not added costs EVENT_READ of one added: so the cost is
-# 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS (crossovers 0.0070 at reach 65, 0.0051 at 513)
-EVENT_TAPS = 0.04
-EVENT_FORWARD = 0.0085
-EVENT_READ = 1 / 7
-# the event forward runs a program per sample, block of outputs and block of EVENT_STEPS steps, each through the
-# events that reach its steps in turn: with fewer programs than this (a batch of one, streaming) the dense
-# forward runs
+# at most EVENT_TAPS (0.053 for 700 -> 256); the forward's where its density times the cost of its events per event
+# it adds is at most EVENT_FORWARD. A block of `steps` steps reads the events of its steps and of the reach before
+# them, and an event read but not added costs EVENT_READ of one added: so the cost is
+# 1 + EVENT_READ * (steps + reach) / steps (crossovers 0.0169 at reach 65, 0.0137 at 257, 0.0129 at 513)
+EVENT_TAPS = 0.05
+EVENT_FORWARD = 0.019
+EVENT_READ = 0.026
+# the event forward runs a program per sample, block of outputs and block of steps, each through the events that
+# reach its steps in turn: with fewer programs than this (a batch of one, streaming) the dense forward runs
 EVENT_PROGRAMS = 128
-EVENT_STEPS = 128
+# its blocks of steps: short, so that the outputs a program adds to at once stay in the L2 cache (700 -> 256 at
+# density 0.01 on an H100, at reach 65: 31.6 ms in blocks of 128 steps, 13.9 ms in blocks of 16), yet long enough
+# that an event is not read by too many blocks: EVENT_STEPS, or EVENT_STEPS_FAR where the taps reach further back
+# than EVENT_FAR (blocks of 16 and 32 steps: 16.6 and 17.1 ms at reach 257, 23.6 and 17.6 ms at reach 513)
+EVENT_STEPS = 16
+EVENT_STEPS_FAR = 32
+EVENT_FAR = 384
+TAP_EVENTS = 16  # events an event tap-gradient program loads at once (1 to 16: 8.2 to 7.5 ms at density 0.01)
+COUNT_BLOCK = 4096  # entries a program counts (event_kernels)
 EVENT_ROWS = 32  # batch rows of an event tap-gradient program (its partial sums summed after: shorter chains)
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
@@ -161,20 +173,26 @@ def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, L, P, R
 
 @triton.jit
 def _linear_grad_taps_events(start, b_of, s_of, v_of, g, k, s0, s1, T, B, I, J, P,
-                             BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
-    # one program per input i, block of outputs j and block of batch rows: partial sums, one row of s0/s1 each
+                             BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr):
+    # one program per input i, block of outputs j and block of batch rows: partial sums, one row of s0/s1 each;
+    # BLOCK_E events at a time (their loads together), summed in a fixed order
     i, j, part = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J), tl.program_id(2)
     col = j < J
     kj = tl.load(k + j * I + i, mask=col, other=0)
     acc0 = tl.zeros((BLOCK_J,), dtype=s0.dtype.element_ty)
     acc1 = tl.zeros((BLOCK_J,), dtype=s0.dtype.element_ty)
     rows = start + i * B + part * BLOCK_B
-    for e in range(tl.load(rows), tl.load(rows + tl.minimum(BLOCK_B, B - part * BLOCK_B))):  # (order (b, s))
-        b, s, v = tl.load(b_of + e), tl.load(s_of + e), tl.load(v_of + e)
-        t = s - P + kj
-        at = g + (t * B + b) * J + j
-        acc0 += v * tl.load(at, mask=col & (t >= 0) & (t < T), other=0)
-        acc1 += v * tl.load(at + B * J, mask=col & (t >= -1) & (t < T - 1), other=0)
+    last = tl.load(rows + tl.minimum(BLOCK_B, B - part * BLOCK_B))
+    for e0 in range(tl.load(rows), last, BLOCK_E):  # (in the order (b, s))
+        e = e0 + tl.arange(0, BLOCK_E)
+        has = e < last
+        b, s, v = tl.load(b_of + e, mask=has, other=0), tl.load(s_of + e, mask=has, other=0), tl.load(
+            v_of + e, mask=has, other=0)
+        t = s[None, :] - P + kj[:, None]
+        at = g + (t * B + b[None, :]) * J + j[:, None]
+        m = col[:, None] & has[None, :]
+        acc0 += tl.sum(v[None, :] * tl.load(at, mask=m & (t >= 0) & (t < T), other=0), axis=1)
+        acc1 += tl.sum(v[None, :] * tl.load(at + B * J, mask=m & (t >= -1) & (t < T - 1), other=0), axis=1)
     tl.store(s0 + (part * J + j) * I + i, acc0, mask=col)
     tl.store(s1 + (part * J + j) * I + i, acc1, mask=col)
 
@@ -228,6 +246,12 @@ def _channel_grad_delay(g, xs, k, part, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
+def _count_nonzero_blocks(x, counts, N, BLOCK: tl.constexpr):
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(counts + tl.program_id(0), tl.sum((tl.load(x + n, mask=n < N, other=0) != 0).to(tl.int32)))
+
+
+@triton.jit
 def _time_major_rows(x, rows, L, B, N, W, before, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr):
     # rows[b, n, w] = x[w - before, b, n] (zero outside x's steps): a tile of steps by channels of one b, read
     # along n and written along w; a flat grid over (b, block of n, block of w)
@@ -245,6 +269,11 @@ def _blocks(n: int, block: int) -> int:
     return max(1, -(-n // block))
 
 
+def _warps(lanes: int) -> int:
+    """Warps of a program whose tile has ``lanes`` elements, one a lane."""
+    return max(1, min(8, lanes // 32))
+
+
 def _int32(*sizes: int) -> None:
     """Raises where an index of the call would not fit the kernels' int32 offsets."""
     if max(sizes) >= 2**31:
@@ -252,29 +281,59 @@ def _int32(*sizes: int) -> None:
                          f"elements, got {max(sizes)}; call the layer on fewer steps or a smaller batch")
 
 
-def event_kernels(xs: torch.Tensor, reach: int) -> tuple[bool, bool]:
-    """``(forward, taps)``: whether the event kernels take the forward and the tap gradients of ``xs`` (taps
-    reaching ``reach`` steps back), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``). Counting its nonzero
-    entries waits for the GPU, so a call decides once (its backward follows the forward's choice), and never while
-    a CUDA graph is captured or torch.compile traces (the dense kernels, which wait for nothing, run there)."""
+class EventChoice(NamedTuple):
+    """Whether the event kernels take a call's forward and its tap gradients (:func:`event_kernels`), and the count
+    of its input's nonzero entries (its events)."""
+    forward: bool
+    taps: bool
+    count: int
+
+
+def event_kernels(xs: torch.Tensor, reach: int) -> EventChoice:
+    """Whether the event kernels take the forward and the tap gradients of ``xs`` (taps reaching ``reach`` steps
+    back), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``). Counting its nonzero entries waits for the GPU,
+    so a call counts once (its backward follows the forward's choice and reuses the count), and never while a CUDA
+    graph is captured or torch.compile traces (the dense kernels, which wait for nothing, run there)."""
     if (EVENT_FORWARD <= 0 and EVENT_TAPS <= 0) or torch.compiler.is_compiling() or (
             xs.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return False, False
-    density = torch.count_nonzero(xs).item() / max(xs.numel(), 1)
-    per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
-    return EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD, EVENT_TAPS > 0 and density <= EVENT_TAPS
+        return EventChoice(False, False, 0)
+    count = _count_nonzero(xs)
+    density = count / max(xs.numel(), 1)
+    steps = _event_steps(reach)
+    per_add = 1 + EVENT_READ * (steps + reach) / steps
+    return EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD,
+                       EVENT_TAPS > 0 and density <= EVENT_TAPS, count)
 
 
-def _events(xs: torch.Tensor, order: tuple[int, int, int], groups: int = 1) -> tuple[torch.Tensor, ...]:
-    """The nonzero entries of ``xs [L, B, I]`` as events sorted by the axes in ``order``: ``(start, the second
-    axis's index, the third's, value)``, ``start[g]`` the first event of group ``g``, a group an index of the first
-    axis (``groups=1``) or of the first two (``groups=2``, ``g = first * size of the second + second``)."""
-    moved = xs.permute(order)
-    first, second, third = moved.nonzero(as_tuple=True)  # (row-major order: sorted by first, second, third)
-    group = first if groups == 1 else first * moved.shape[1] + second
-    counts = torch.bincount(group, minlength=moved.shape[:groups].numel())
-    start = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
-    return start, second.to(torch.int32), third.to(torch.int32), moved[first, second, third].contiguous()
+def _event_steps(reach: int) -> int:
+    """Steps of an event forward program's block: ``EVENT_STEPS``, or ``EVENT_STEPS_FAR`` where the taps reach
+    further back than ``EVENT_FAR``."""
+    return EVENT_STEPS if reach <= EVENT_FAR else EVENT_STEPS_FAR
+
+
+def _count_nonzero(x: torch.Tensor) -> int:
+    """The nonzero entries of ``x`` (contiguous), counted in blocks without a copy of ``x``."""
+    if not x.numel():
+        return 0
+    _int32(x.numel())
+    counts = x.new_empty(_blocks(x.numel(), COUNT_BLOCK), dtype=torch.int32)
+    _count_nonzero_blocks[(len(counts),)](x, counts, x.numel(), BLOCK=COUNT_BLOCK, num_warps=4)
+    return int(counts.sum().item())
+
+
+def _events(xs: torch.Tensor, order: tuple[int, int, int], count: int) -> tuple[torch.Tensor, ...]:
+    """The ``count`` nonzero entries of ``xs [L, B, I]`` (contiguous) as events sorted by its axes in ``order`` (a
+    permutation of ``(0, 1, 2)``): ``(start, the index along order[1], along order[2], value)``, ``start[g]`` the
+    first event of group ``g = index along order[0] * size of order[1] + index along order[1]``. Found in ``xs``'s
+    own order and sorted by one key (no copy of ``xs``); ``count`` known, nothing waits for the GPU."""
+    where = torch.nonzero_static(xs, size=count).T  # (s, b, i)
+    first, second, third = (where[axis] for axis in order)
+    sizes = [xs.shape[axis] for axis in order]
+    group = first * sizes[1] + second
+    order_of = torch.sort(group * sizes[2] + third).indices  # (the keys distinct: one order)
+    start = torch.searchsorted(group[order_of], torch.arange(sizes[0] * sizes[1] + 1, device=xs.device))
+    return (start.to(torch.int32), second[order_of].to(torch.int32), third[order_of].to(torch.int32),
+            xs[tuple(where)][order_of])
 
 
 def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
@@ -318,19 +377,22 @@ def _check(reach: int, P: int, *sizes: int) -> None:
 
 
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
-                   T: int, P: int, reach: int, events: bool = False) -> torch.Tensor:
+                   T: int, P: int, reach: int, events: int | None = None) -> torch.Tensor:
     """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring), ``reach`` > every
-    ``k``; ``events``: the event kernel (``event_kernels``), where the batch gives it ``EVENT_PROGRAMS`` programs or
-    more."""
+    ``k``; ``events``: the count of ``xs``'s nonzero entries, for the event kernel (``event_kernels``; None: the
+    dense one), where the batch gives it ``EVENT_PROGRAMS`` programs or more."""
     L, B, I = xs.shape
     J = a.shape[0]
-    grid = (B, _blocks(J, EVENT_SYNAPSES), _blocks(T, EVENT_STEPS))
-    if events and grid[0] * grid[1] * grid[2] >= EVENT_PROGRAMS and T * B * J:
+    steps = _event_steps(reach)
+    grid = (B, _blocks(J, EVENT_SYNAPSES), _blocks(T, steps))
+    if events is not None and grid[0] * grid[1] * grid[2] >= EVENT_PROGRAMS and T * B * J:
         _check(reach, P, L * B * I, T * B * J)
         y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
-        _linear_forward_events[grid](*_events(xs, (1, 0, 2), groups=2),  # by (b, s), then i
-                                     a.T.contiguous(), c.T.contiguous(), k.T.contiguous(), y, T, B, J, L, P, reach,
-                                     BLOCK_J=EVENT_SYNAPSES, BLOCK_T=EVENT_STEPS, num_warps=4)
+        if events:
+            _linear_forward_events[grid](*_events(xs, (1, 0, 2), events),  # by (b, s), then i
+                                         a.T.contiguous(), c.T.contiguous(), k.T.contiguous(), y, T, B, J, L, P,
+                                         reach, BLOCK_J=EVENT_SYNAPSES, BLOCK_T=steps,
+                                         num_warps=_warps(EVENT_SYNAPSES))
         return y
     y = xs.new_zeros((T, B, J))
     if y.numel():
@@ -362,23 +424,26 @@ def linear_grad_input(g: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torc
     return gx
 
 
-def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int, reach: int, events: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int, reach: int,
+                     events: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S0, S1)``, each ``[J, I]``: the input at ``-k`` and at ``-k-1`` steps, summed against ``g`` over
-    (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``events``: the event
-    kernel (``event_kernels``)."""
+    (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``events``: the count of
+    ``xs``'s nonzero entries, for the event kernel (``event_kernels``; None: the dense one)."""
     T, B, J = g.shape
     L, _, I = xs.shape
     if not J * I:
         return g.new_empty((J, I)), g.new_empty((J, I))
-    if events:
+    if events == 0:
+        return g.new_zeros((J, I)), g.new_zeros((J, I))
+    if events is not None:
         _int32(L * B * I, T * B * J)
         parts = _blocks(B, EVENT_ROWS)
         p0, p1 = g.new_empty((parts, J, I)), g.new_empty((parts, J, I))
-        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES), parts)](*_events(xs, (2, 1, 0), groups=2),
+        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES), parts)](*_events(xs, (2, 1, 0), events),
                                                                         g.contiguous(), k.contiguous(), p0, p1,
                                                                         T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,
-                                                                        BLOCK_B=EVENT_ROWS, num_warps=4)
+                                                                        BLOCK_B=EVENT_ROWS, BLOCK_E=TAP_EVENTS,
+                                                                        num_warps=_warps(EVENT_SYNAPSES))
         return p0.sum(0), p1.sum(0)  # (by (i, b), then s)
     rows, tiles = _input_rows(xs, T, P, reach)  # (the forward's rows)
     _int32(B * J * (tiles * STEPS + 1))

@@ -89,10 +89,12 @@ class _DelayLinearFn(torch.autograd.Function):
         work = torch.float32 if xs.dtype in _WIDE else xs.dtype
         kernels = _kernels()
         reach = math.floor(max_delay) + 1
-        events, ctx.events = kernels.event_kernels(xs, reach)  # (the backward's tap gradients follow this choice)
-        y = kernels.linear_forward(xs.to(work).contiguous(), a.to(work).contiguous(), c.to(work).contiguous(),
+        xw = xs.to(work).contiguous()
+        choice = kernels.event_kernels(xw, reach)
+        ctx.events = choice.count if choice.taps else None  # (the backward's tap gradients follow this choice)
+        y = kernels.linear_forward(xw, a.to(work).contiguous(), c.to(work).contiguous(),
                                    k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P,
-                                   reach, events)
+                                   reach, choice.count if choice.forward else None)
         return y.to(xs.dtype)
 
     @staticmethod

@@ -196,6 +196,25 @@ def test_time_major_rows_hold_the_input_between_zeros():
     assert torch.equal(_time_major(x, 4, want.shape[2]), want)
 
 
+def test_events_are_the_nonzero_entries_sorted_by_each_order():
+    """The event kernels' lists: the nonzero entries of ``xs`` in the order of each permutation of its axes (the
+    forward's (b, s, i), the tap gradients' (i, b, s)), as nonzero() of the permuted tensor lists them, and the
+    first event of each group of the first two axes; their count, summed over blocks, is nonzero()'s."""
+    from flexsn_dsl.delay_kernels import COUNT_BLOCK, _count_nonzero, _events
+    xs = _sparse((7, 3, 5), 0.3, 3)
+    for order in ((1, 0, 2), (2, 1, 0)):
+        moved = xs.permute(order)
+        start, second, third, values = _events(xs.contiguous(), order, int(xs.count_nonzero()))
+        want = moved.nonzero()
+        assert torch.equal(second.long(), want[:, 1]) and torch.equal(third.long(), want[:, 2])
+        assert torch.equal(values, moved[tuple(want.T)])
+        groups = want[:, 0] * moved.shape[1] + want[:, 1]
+        firsts = [int((groups < g).sum()) for g in range(moved.shape[0] * moved.shape[1] + 1)]
+        assert start.tolist() == firsts and start.dtype == torch.int32
+    big = _sparse((COUNT_BLOCK + 7, 1, 2), 0.2, 4)
+    assert _count_nonzero(big) == int(big.count_nonzero()) > 0 and _count_nonzero(big[:0]) == 0
+
+
 def test_event_kernels_are_chosen_per_kernel_by_density_and_reach(monkeypatch):
     """The forward's events where density x (1 + EVENT_READ (EVENT_STEPS + reach) / EVENT_STEPS) is at most
     EVENT_FORWARD, the tap gradients' where the density is at most EVENT_TAPS: one count of an input with exactly
@@ -206,12 +225,12 @@ def test_event_kernels_are_chosen_per_kernel_by_density_and_reach(monkeypatch):
     x = torch.zeros(50, 4, 10)
     x.view(-1)[::100] = 1.0  # (20 of 2,000)
     steps = delay_kernels.EVENT_STEPS
-    assert delay_kernels.event_kernels(x, steps // 4) == (True, True)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
-    assert delay_kernels.event_kernels(x, 2 * steps) == (False, True)  # 0.01 x (1 + 0.5 x 3) = 0.025
+    assert delay_kernels.event_kernels(x, steps // 4) == (True, True, 20)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
+    assert delay_kernels.event_kernels(x, 2 * steps) == (False, True, 20)  # 0.01 x (1 + 0.5 x 3) = 0.025
     _thresholds(monkeypatch, 0.021, 0.005)
-    assert delay_kernels.event_kernels(x, 1) == (True, False)
+    assert delay_kernels.event_kernels(x, 1) == (True, False, 20)
     _thresholds(monkeypatch, 0.0, 0.0)
-    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1) == (False, False)
+    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1)[:2] == (False, False)
 
 
 @pytest.mark.parametrize("T", [6, 2])
@@ -264,7 +283,7 @@ def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, mon
 
 def test_event_kernels_in_float32_and_without_events(kernels_launched, monkeypatch):
     """float32: the event kernels equal the dense ones to float32's rounding; an input with no event gives the bias
-    and zero weight and delay gradients; a threshold of 0 takes the dense kernels even then."""
+    and zero weight and delay gradients without a kernel; a threshold of 0 takes the dense kernels even then."""
     from flexsn_dsl import delay_kernels
     monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
     torch.manual_seed(2)
@@ -283,7 +302,7 @@ def test_event_kernels_in_float32_and_without_events(kernels_launched, monkeypat
     y = layer(torch.zeros(5, 2, 30))
     gw, gd = torch.autograd.grad(y, [layer.weight, layer.delay], torch.ones_like(y))
     assert torch.equal(y, layer.bias.detach().expand(5, 2, 20)) and not gw.any() and not gd.any()
-    assert kernels_launched[-2:] == ["_linear_forward_events", "_linear_grad_taps_events"]
+    assert len(kernels_launched) == 4
     _thresholds(monkeypatch, 0.0, 0.0)
     layer(torch.zeros(5, 2, 30))
     assert kernels_launched[-1] == "_linear_forward"
