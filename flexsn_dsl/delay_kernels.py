@@ -56,8 +56,8 @@ from .triton_settings import triton  # (Triton imported after the interpreter's 
 
 import triton.language as tl  # noqa: E402
 
-__all__ = ["EventChoice", "channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels", "linear_forward",
-           "linear_grad_input", "linear_grad_taps"]
+__all__ = ["EventChoice", "channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels",
+           "linear_forward", "linear_grad_input", "linear_grad_taps"]
 
 STEPS = 128  # steps of a dense linear kernel's tile (one warp, four a lane): contiguous in memory
 SYNAPSES = 8  # outputs j (forward) or inputs i (backward) of a dense linear kernel's tile
@@ -65,10 +65,10 @@ TAP_SYNAPSES = 16  # inputs i of a dense tap-gradient tile (twice the others': h
 EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 lanes x 4 warps), none repeated
 # the event kernels where the input is this sparse or sparser, at the crossovers with the dense kernels measured on
 # an H100 (`benchmarks/delay_bench.py --kernels`, BENCHMARKS.md): the tap gradients' where the input's density is
-# at most EVENT_TAPS (0.053 for 700 -> 256); the forward's where its density times the cost of its events per event
-# it adds is at most EVENT_FORWARD. A block of `steps` steps reads the events of its steps and of the reach before
-# them, and an event read but not added costs EVENT_READ of one added: so the cost is
-# 1 + EVENT_READ * (steps + reach) / steps (crossovers 0.0169 at reach 65, 0.0137 at 257, 0.0129 at 513)
+# at most EVENT_TAPS (about 0.07 for 700 -> 256, 0.055 for 256 -> 256); the forward's where its density times the
+# cost of its events per event it adds is at most EVENT_FORWARD. A block of `steps` steps reads the events of its
+# steps and of the reach before them, and an event read but not added costs EVENT_READ of one added: so the cost
+# is 1 + EVENT_READ * (steps + reach) / steps (crossovers 0.0169 at reach 65, 0.0137 at 257, 0.0129 at 513)
 EVENT_TAPS = 0.05
 EVENT_FORWARD = 0.019
 EVENT_READ = 0.026
@@ -78,7 +78,7 @@ EVENT_PROGRAMS = 128
 # its blocks of steps: short, so that the outputs a program adds to at once stay in the L2 cache (700 -> 256 at
 # density 0.01 on an H100, at reach 65: 31.6 ms in blocks of 128 steps, 13.9 ms in blocks of 16), yet long enough
 # that an event is not read by too many blocks: EVENT_STEPS, or EVENT_STEPS_FAR where the taps reach further back
-# than EVENT_FAR (blocks of 16 and 32 steps: 16.6 and 17.1 ms at reach 257, 23.6 and 17.6 ms at reach 513)
+# than EVENT_FAR (blocks of 16 and 32 steps: 16.6 and 17.1 ms at reach 257, 24.2 and 17.6 ms at reach 513)
 EVENT_STEPS = 16
 EVENT_STEPS_FAR = 32
 EVENT_FAR = 384
