@@ -31,8 +31,8 @@ skipped, not multiplied: a NaN or infinite weight or gradient meets only the non
   sample ``b`` that reaches its steps, in the order (s, i), to the steps its taps reach (``y[s-P+k] += a v``,
   ``y[s-P+k+1] += c v``) among its own. Only that program writes those elements, each from one lane, so the sums
   run in one fixed order: the adds are atomic only so that a lane's successive adds to one element are ordered,
-  and the result is deterministic. (The blocks of steps shorten each program's chain of events; an event is read by
-  each block its taps can reach, at most ``(max_delay + 1) / steps + 2`` of them.)
+  and the result is deterministic. (The blocks of steps are short so that the outputs a program adds to stay in the
+  L2 cache; an event is read by each block its taps can reach, at most ``(max_delay + 1) / steps + 2`` of them.)
 - :func:`linear_grad_taps`: one program per input ``i``, block of ``j`` and block of ``EVENT_ROWS`` batch rows
   gathers ``g`` at the steps each of channel ``i``'s events reached, in the order (b, s) and ``TAP_EVENTS`` at a
   time, into partial sums of ``S0``/``S1`` in registers, which the host sums (a fixed order too).
@@ -327,13 +327,12 @@ def _events(xs: torch.Tensor, order: tuple[int, int, int], count: int) -> tuple[
     first event of group ``g = index along order[0] * size of order[1] + index along order[1]``. Found in ``xs``'s
     own order and sorted by one key (no copy of ``xs``); ``count`` known, nothing waits for the GPU."""
     where = torch.nonzero_static(xs, size=count).T  # (s, b, i)
-    first, second, third = (where[axis] for axis in order)
     sizes = [xs.shape[axis] for axis in order]
-    group = first * sizes[1] + second
-    order_of = torch.sort(group * sizes[2] + third).indices  # (the keys distinct: one order)
-    start = torch.searchsorted(group[order_of], torch.arange(sizes[0] * sizes[1] + 1, device=xs.device))
-    return (start.to(torch.int32), second[order_of].to(torch.int32), third[order_of].to(torch.int32),
-            xs[tuple(where)][order_of])
+    key = (where[order[0]] * sizes[1] + where[order[1]]) * sizes[2] + where[order[2]]
+    where = where[:, torch.sort(key).indices]  # (the keys distinct: one order)
+    first, second, third = (where[axis] for axis in order)
+    start = torch.searchsorted(first * sizes[1] + second, torch.arange(sizes[0] * sizes[1] + 1, device=xs.device))
+    return start.to(torch.int32), second.to(torch.int32), third.to(torch.int32), xs[tuple(where)]
 
 
 def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
