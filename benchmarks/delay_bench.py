@@ -76,9 +76,10 @@ class DclsNet(nn.Module):
         self.neurons = nn.ModuleList(flexsn_dsl.load(LIF, backend=backend) for _ in self.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer, neuron in zip(self.layers, self.neurons):
-            z = nn.functional.pad(x.permute(1, 2, 0), (self.size - 1, 0))  # [B, C, T + size - 1]
-            x = neuron(layer(z).permute(2, 0, 1).contiguous())
+        for layer, neuron in zip(self.layers, self.neurons):  # (statements apart, as DelayNet's)
+            x = nn.functional.pad(x.permute(1, 2, 0), (self.size - 1, 0))  # [B, C, T + size - 1]
+            x = layer(x).permute(2, 0, 1).contiguous()
+            x = neuron(x)
             neuron.reset()
         return x.sum(0)
 
@@ -193,12 +194,12 @@ def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = Fals
         grad = torch.randn(T, B, outputs, generator=g, device=device)
         for density in densities:
             xs = (torch.rand(T, B, inputs, generator=g, device=device) < density).float()
-            count = int(xs.count_nonzero())
-            ms = [do_bench(lambda events=events: delay_kernels.linear_forward(xs, a, c, k, None, T, 0, max_delay + 1,
-                                                                            events))
-                  for events in (None, count)]
-            ms += [do_bench(lambda events=events: delay_kernels.linear_grad_taps(grad, xs, k, 0, max_delay + 1, events))
-                   for events in (None, count)]
+            events = delay_kernels.nonzero_events(xs, int(xs.count_nonzero()))
+            ms = [do_bench(lambda listed=listed: delay_kernels.linear_forward(xs, a, c, k, None, T, 0, max_delay + 1,
+                                                                            listed))
+                  for listed in (None, events)]
+            ms += [do_bench(lambda source=source: delay_kernels.linear_grad_taps(grad, source, k, 0, max_delay + 1))
+                   for source in (xs, events)]
             print(f"| {inputs} -> {outputs} | {density} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
 
 

@@ -44,7 +44,8 @@ class DelayNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer, neuron in zip(self.layers, self.neurons):
-            x = neuron(layer(x))
+            x = layer(x)  # (a statement apart: nothing holds the layer's input while its neurons run)
+            x = neuron(x)
             neuron.reset()
         return x.sum(0) if self.readout == "spikes" else x.mean(0)
 

@@ -35,10 +35,12 @@ skipped, not multiplied: a NaN or infinite weight or gradient meets only the non
   L2 cache; an event is read by each block its taps can reach, at most ``(max_delay + 1) / steps + 2`` of them.)
 - :func:`linear_grad_taps`: one program per input ``i``, block of ``j`` and block of ``EVENT_ROWS`` batch rows
   gathers ``g`` at the steps each of channel ``i``'s events reached, in the order (b, s) and ``TAP_EVENTS`` at a
-  time, into partial sums of ``S0``/``S1`` in registers, which the host sums (a fixed order too).
+  time, into partial sums of ``S0``/``S1`` in registers, which the host sums (a fixed order too). It reads ``g``
+  time-major: each lane's two steps share a sector.
 
-The events are the nonzero entries found in ``xs``'s own order and sorted by one key (:func:`_events`); their
-count (:func:`event_kernels`) is summed per block by a kernel, copying nothing.
+The events are the nonzero entries found in ``xs``'s own order (:func:`nonzero_events`, once a call: the layer
+keeps them for the backward instead of ``xs``) and sorted by one key for each kernel (:func:`_sorted`); their count
+(:func:`event_kernels`) is summed per block by a kernel, copying nothing.
 
 The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` padded with zeros on
 both sides (made for the call by :func:`_time_major_rows`, in one pass): a tile's axis along time is contiguous
@@ -56,8 +58,8 @@ from .triton_settings import triton  # (Triton imported after the interpreter's 
 
 import triton.language as tl  # noqa: E402
 
-__all__ = ["EventChoice", "channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels",
-           "linear_forward", "linear_grad_input", "linear_grad_taps"]
+__all__ = ["EventChoice", "Events", "channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels",
+           "linear_forward", "linear_grad_input", "linear_grad_taps", "nonzero_events"]
 
 STEPS = 128  # steps of a dense linear kernel's tile (one warp, four a lane): contiguous in memory
 SYNAPSES = 8  # outputs j (forward) or inputs i (backward) of a dense linear kernel's tile
@@ -65,11 +67,12 @@ TAP_SYNAPSES = 16  # inputs i of a dense tap-gradient tile (twice the others': h
 EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 lanes x 4 warps), none repeated
 # the event kernels where the input is this sparse or sparser, at the crossovers with the dense kernels measured on
 # an H100 (`benchmarks/delay_bench.py --kernels`, BENCHMARKS.md): the tap gradients' where the input's density is
-# at most EVENT_TAPS (about 0.07 for 700 -> 256, 0.055 for 256 -> 256); the forward's where its density times the
-# cost of its events per event it adds is at most EVENT_FORWARD. A block of `steps` steps reads the events of its
-# steps and of the reach before them, and an event read but not added costs EVENT_READ of one added: so the cost
-# is 1 + EVENT_READ * (steps + reach) / steps (crossovers 0.0169 at reach 65, 0.0137 at 257, 0.0129 at 513)
-EVENT_TAPS = 0.05
+# at most EVENT_TAPS (about 0.079 for 700 -> 256 and 0.077 for 256 -> 256 at reach 65, higher at 513); the
+# forward's where its density times the cost of its events per event it adds is at most EVENT_FORWARD. A block of
+# `steps` steps reads the events of its steps and of the reach before them, and an event read but not added costs
+# EVENT_READ of one added: so the cost is 1 + EVENT_READ * (steps + reach) / steps (crossovers 0.0169 at reach 65,
+# 0.0137 at 257, 0.0129 at 513)
+EVENT_TAPS = 0.075
 EVENT_FORWARD = 0.019
 EVENT_READ = 0.026
 # the event forward runs a program per sample, block of outputs and block of steps, each through the events that
@@ -175,7 +178,8 @@ def _linear_forward_events(start, s_of, i_of, v_of, a, c, k, y, T, B, J, L, P, R
 def _linear_grad_taps_events(start, b_of, s_of, v_of, g, k, s0, s1, T, B, I, J, P,
                              BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr):
     # one program per input i, block of outputs j and block of batch rows: partial sums, one row of s0/s1 each;
-    # BLOCK_E events at a time (their loads together), summed in a fixed order
+    # BLOCK_E events at a time (their loads together), summed in a fixed order; g time-major ([B, J, T]: the two
+    # taps' steps t and t + 1 of a lane in one sector)
     i, j, part = tl.program_id(0), tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J), tl.program_id(2)
     col = j < J
     kj = tl.load(k + j * I + i, mask=col, other=0)
@@ -189,10 +193,10 @@ def _linear_grad_taps_events(start, b_of, s_of, v_of, g, k, s0, s1, T, B, I, J, 
         b, s, v = tl.load(b_of + e, mask=has, other=0), tl.load(s_of + e, mask=has, other=0), tl.load(
             v_of + e, mask=has, other=0)
         t = s[None, :] - P + kj[:, None]
-        at = g + (t * B + b[None, :]) * J + j[:, None]
+        at = g + (b[None, :] * J + j[:, None]) * T + t
         m = col[:, None] & has[None, :]
         acc0 += tl.sum(v[None, :] * tl.load(at, mask=m & (t >= 0) & (t < T), other=0), axis=1)
-        acc1 += tl.sum(v[None, :] * tl.load(at + B * J, mask=m & (t >= -1) & (t < T - 1), other=0), axis=1)
+        acc1 += tl.sum(v[None, :] * tl.load(at + 1, mask=m & (t >= -1) & (t < T - 1), other=0), axis=1)
     tl.store(s0 + (part * J + j) * I + i, acc0, mask=col)
     tl.store(s1 + (part * J + j) * I + i, acc1, mask=col)
 
@@ -321,18 +325,32 @@ def _count_nonzero(x: torch.Tensor) -> int:
     return int(counts.sum().item())
 
 
-def _events(xs: torch.Tensor, order: tuple[int, int, int], count: int) -> tuple[torch.Tensor, ...]:
-    """The ``count`` nonzero entries of ``xs [L, B, I]`` (contiguous) as events sorted by its axes in ``order`` (a
-    permutation of ``(0, 1, 2)``): ``(start, the index along order[1], along order[2], value)``, ``start[g]`` the
-    first event of group ``g = index along order[0] * size of order[1] + index along order[1]``. Found in ``xs``'s
-    own order and sorted by one key (no copy of ``xs``); ``count`` known, nothing waits for the GPU."""
-    where = torch.nonzero_static(xs, size=count).T  # (s, b, i)
-    sizes = [xs.shape[axis] for axis in order]
+class Events(NamedTuple):
+    """The nonzero entries of an input ``[L, B, I]``: their indices (int64 ``[3, count]``: step, batch row, input;
+    in the input's order), their values and the input's shape."""
+    where: torch.Tensor
+    values: torch.Tensor
+    shape: tuple[int, int, int]
+
+
+def nonzero_events(xs: torch.Tensor, count: int) -> Events:
+    """The ``count`` nonzero entries of ``xs [L, B, I]`` (contiguous; ``count`` as :func:`event_kernels` gave it):
+    found in ``xs``'s own order without a copy of ``xs``, nothing waiting for the GPU."""
+    where = torch.nonzero_static(xs, size=count).T if count else xs.new_zeros((3, 0), dtype=torch.int64)
+    return Events(where, xs[tuple(where)], tuple(xs.shape))
+
+
+def _sorted(events: Events, order: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+    """``events`` sorted by the input's axes in ``order`` (a permutation of ``(0, 1, 2)``), by one key: ``(start, the
+    index along order[1], along order[2], value)``, ``start[g]`` the first event of group ``g = index along order[0]
+    * size of order[1] + index along order[1]``."""
+    sizes = [events.shape[axis] for axis in order]
+    where = events.where
     key = (where[order[0]] * sizes[1] + where[order[1]]) * sizes[2] + where[order[2]]
-    where = where[:, torch.sort(key).indices]  # (the keys distinct: one order)
-    first, second, third = (where[axis] for axis in order)
-    start = torch.searchsorted(first * sizes[1] + second, torch.arange(sizes[0] * sizes[1] + 1, device=xs.device))
-    return start.to(torch.int32), second.to(torch.int32), third.to(torch.int32), xs[tuple(where)]
+    by = torch.sort(key).indices  # (the keys distinct: one order)
+    first, second, third = (where[axis][by] for axis in order)
+    start = torch.searchsorted(first * sizes[1] + second, torch.arange(sizes[0] * sizes[1] + 1, device=key.device))
+    return start.to(torch.int32), second.to(torch.int32), third.to(torch.int32), events.values[by]
 
 
 def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
@@ -376,10 +394,10 @@ def _check(reach: int, P: int, *sizes: int) -> None:
 
 
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
-                   T: int, P: int, reach: int, events: int | None = None) -> torch.Tensor:
+                   T: int, P: int, reach: int, events: Events | None = None) -> torch.Tensor:
     """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring), ``reach`` > every
-    ``k``; ``events``: the count of ``xs``'s nonzero entries, for the event kernel (``event_kernels``; None: the
-    dense one), where the batch gives it ``EVENT_PROGRAMS`` programs or more."""
+    ``k``; ``events``: ``xs``'s (:func:`nonzero_events`), for the event kernel (None: the dense one), where the
+    batch gives it ``EVENT_PROGRAMS`` programs or more."""
     L, B, I = xs.shape
     J = a.shape[0]
     steps = _event_steps(reach)
@@ -387,8 +405,8 @@ def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.
     if events is not None and grid[0] * grid[1] * grid[2] >= EVENT_PROGRAMS and T * B * J:
         _check(reach, P, L * B * I, T * B * J)
         y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
-        if events:
-            _linear_forward_events[grid](*_events(xs, (1, 0, 2), events),  # by (b, s), then i
+        if events.values.numel():
+            _linear_forward_events[grid](*_sorted(events, (1, 0, 2)),  # by (b, s), then i
                                          a.T.contiguous(), c.T.contiguous(), k.T.contiguous(), y, T, B, J, L, P,
                                          reach, BLOCK_J=EVENT_SYNAPSES, BLOCK_T=steps,
                                          num_warps=_warps(EVENT_SYNAPSES))
@@ -423,23 +441,24 @@ def linear_grad_input(g: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torc
     return gx
 
 
-def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor, k: torch.Tensor, P: int, reach: int,
-                     events: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor | Events, k: torch.Tensor, P: int, reach: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S0, S1)``, each ``[J, I]``: the input at ``-k`` and at ``-k-1`` steps, summed against ``g`` over
-    (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``events``: the count of
-    ``xs``'s nonzero entries, for the event kernel (``event_kernels``; None: the dense one)."""
+    (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``xs``: the input, for the
+    dense kernel, or its events (:func:`nonzero_events`), for the event kernel."""
     T, B, J = g.shape
     L, _, I = xs.shape
     if not J * I:
         return g.new_empty((J, I)), g.new_empty((J, I))
-    if events == 0:
-        return g.new_zeros((J, I)), g.new_zeros((J, I))
-    if events is not None:
+    if isinstance(xs, Events):
+        if not xs.values.numel():
+            return g.new_zeros((J, I)), g.new_zeros((J, I))
         _int32(L * B * I, T * B * J)
         parts = _blocks(B, EVENT_ROWS)
         p0, p1 = g.new_empty((parts, J, I)), g.new_empty((parts, J, I))
-        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES), parts)](*_events(xs, (2, 1, 0), events),
-                                                                        g.contiguous(), k.contiguous(), p0, p1,
+        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES), parts)](*_sorted(xs, (2, 1, 0)),
+                                                                        _time_major(g.contiguous(), 0, T),
+                                                                        k.contiguous(), p0, p1,
                                                                         T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,
                                                                         BLOCK_B=EVENT_ROWS, BLOCK_E=TAP_EVENTS,
                                                                         num_warps=_warps(EVENT_SYNAPSES))

@@ -69,17 +69,19 @@ def _shifts(k: torch.Tensor) -> list[int]:
 
 
 class _DelayLinearFn(torch.autograd.Function):
-    """``y [T, B, J]`` from ``xs [P + T, B, I]`` (``P`` steps of history first); saves ``xs`` and the parameters."""
+    """``y [T, B, J]`` from ``xs [P + T, B, I]`` (``P`` steps of history first); saves the parameters and, where
+    the weight's or the delay's gradient is wanted, ``xs`` or (where the tap gradients take events) its events."""
 
     @staticmethod
     def forward(ctx, xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, bias: torch.Tensor | None,
                 max_delay: float, P: int, triton: bool) -> torch.Tensor:
         ctx.max_delay, ctx.P, ctx.triton, ctx.has_bias = max_delay, P, triton, bias is not None
-        ctx.save_for_backward(xs, weight, delay)
+        ctx.shape, ctx.dtype, ctx.events = tuple(xs.shape), xs.dtype, False
         k, f, _ = _split(delay, max_delay)
         a, c = weight * (1 - f), weight * f
         T = xs.shape[0] - P
         if not triton:
+            ctx.save_for_backward(xs, weight, delay)
             y = xs.new_zeros((T, xs.shape[1], weight.shape[0]))
             if bias is not None:
                 y += bias
@@ -91,22 +93,26 @@ class _DelayLinearFn(torch.autograd.Function):
         reach = math.floor(max_delay) + 1
         xw = xs.to(work).contiguous()
         choice = kernels.event_kernels(xw, reach)
-        ctx.events = choice.count if choice.taps else None  # (the backward's tap gradients follow this choice)
+        want_taps = any(ctx.needs_input_grad[1:3])
+        ctx.events = want_taps and choice.taps  # (the backward's tap gradients follow this choice)
+        events = kernels.nonzero_events(xw, choice.count) if choice.forward or ctx.events else None
+        ctx.save_for_backward(*(events[:2] if ctx.events else (xs,) if want_taps else ()), weight, delay)
         y = kernels.linear_forward(xw, a.to(work).contiguous(), c.to(work).contiguous(),
                                    k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P,
-                                   reach, choice.count if choice.forward else None)
+                                   reach, events if choice.forward else None)
         return y.to(xs.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: torch.Tensor) -> tuple:
-        xs, weight, delay = ctx.saved_tensors
-        P, L = ctx.P, xs.shape[0]
+        *kept, weight, delay = ctx.saved_tensors
+        P, L = ctx.P, ctx.shape[0]
         k, f, inside = _split(delay, ctx.max_delay)
         a, c = weight * (1 - f), weight * f
         want_x, want_w, want_d = ctx.needs_input_grad[:3]
         grad_x = s0 = s1 = None
         if not ctx.triton:
+            xs, = kept
             grad_x = torch.zeros_like(xs) if want_x else None
             s0, s1 = torch.zeros_like(weight), torch.zeros_like(weight)
             rows = g.reshape(-1, g.shape[-1]).T
@@ -118,15 +124,16 @@ class _DelayLinearFn(torch.autograd.Function):
                     s0 += m * (k == s)
                     s1 += m * (k + 1 == s)
         else:
-            work = torch.float32 if xs.dtype in _WIDE else xs.dtype
-            kernels, gw, xw, ki = _kernels(), g.to(work).contiguous(), xs.to(work).contiguous(), k.to(torch.int32)
+            work = torch.float32 if ctx.dtype in _WIDE else ctx.dtype
+            kernels, gw, ki = _kernels(), g.to(work).contiguous(), k.to(torch.int32)
             reach = math.floor(ctx.max_delay) + 1
             if want_x:
                 grad_x = kernels.linear_grad_input(gw, a.to(work).contiguous(), c.to(work).contiguous(), ki, L, P,
                                                    reach)
-                grad_x = grad_x.to(xs.dtype)
+                grad_x = grad_x.to(ctx.dtype)
             if want_w or want_d:
-                s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, xw, ki, P, reach, ctx.events))
+                source = kernels.Events(*kept, ctx.shape) if ctx.events else kept[0].to(work).contiguous()
+                s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, source, ki, P, reach))
         grad_w = (1 - f) * s0 + f * s1 if want_w else None
         grad_d = torch.where(inside, weight * (s1 - s0), 0) if want_d else None
         grad_b = g.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[3] else None

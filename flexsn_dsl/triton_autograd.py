@@ -198,15 +198,16 @@ def _backward(plan: Plan, store_seqs: bool, grads, saved, xs, outs, params, shap
     """Gradients of the inputs, initial states (when ``init_grads``, else []), scalar parameters
     and learnable shaped parameters (in ``shaped``'s order, None for the fixed ones) from the
     upstream gradients (None where there are none) of the outputs, state sequences (when stored)
-    and final states; ``xs`` and ``outs`` as :func:`_forward` returned them, None for the inputs
-    the kernel does not read (:func:`~flexsn_dsl.triton_plan.kept_inputs`). ``traced``: see
+    and final states; ``xs`` and ``outs`` as :func:`_forward` returned them, None for those the
+    kernel does not read (:func:`~flexsn_dsl.triton_plan.kept_inputs`, ``kept_outputs``). ``traced``: see
     :meth:`Plan.launch`. ``into``: the (contiguous) tensors to write the gradients of the inputs and initial
     states into (T >= 1); ``sums``: each learnable parameter's running gradient sums per neuron [P, N] in the
     compute dtype, which the kernel starts from and updates (``_CARRY_SUMS``)."""
     T, n, shape, step = plan.T, plan.n, plan.shape, plan.step_sizes
     n_out, n_st = plan.n_out, plan.n_st
-    like = outs[0]  # (a spec has outputs) of the inputs' shape, dtype and device, contiguous
+    like = next(t for t in (*outs, *saved, *xs) if t is not None)  # of the inputs' shape, dtype, device; contiguous
     xs = [like if x is None else x for x in xs]  # (any pointer for an input the kernel does not read)
+    outs = [like if o is None else o for o in outs]  # (and for an output: kept_outputs)
     grad_outs = _present(grads[:n_out], shape, like) or [like.new_zeros(shape) for _ in range(n_out)]
     grad_seqs = _present(grads[n_out:n_out + n_st], shape, like) if store_seqs else None
     grad_finals = _present(grads[len(grads) - n_st:], step, like) if n_st else None
@@ -295,7 +296,8 @@ class _TritonSteps(torch.autograd.Function):
         outs, saved, seqs, finals, xs = _forward(plan, xs, inits, params, shaped, layout, True, store_seqs, seed=seed)
         ctx.call, ctx.n_saved, ctx.n_inits = call, len(saved), len(inits)
         ctx.save_for_backward(seed, params, *shaped, *saved,
-                              *[x if keep else None for x, keep in zip(xs, plan.kept_inputs)], *outs)
+                              *[x if keep else None for x, keep in zip(xs, plan.kept_inputs)],
+                              *[o if keep else None for o, keep in zip(outs, plan.kept_outputs)])
         ctx.set_materialize_grads(False)  # no zero tensors for final states the loss does not use
         return (*outs, *seqs, *finals)
 

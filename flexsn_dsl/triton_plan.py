@@ -206,6 +206,7 @@ class Plan:
         self.n_out, self.n_st, self.n_saved = info.num_outputs, info.num_states, len(info.saved_names)
         self.learnable = tuple(name in info.param_names for name in info.shaped_names)
         self.kept_inputs = kept_inputs(info)
+        self.kept_outputs = kept_outputs(info)
         self.tiled = bool(info.learnable_shaped)
         self.n = math.prod(self.step)
         scans = kernels.scans if settings.time_parallel else ()
@@ -303,6 +304,16 @@ class Plan:
 def kept_inputs(info) -> tuple[bool, ...]:
     """Whether the backward kernel reads each input: the others are not kept for the backward."""
     return tuple(("input", i) in info.c2k_return_mapping for i in range(len(info.input_names)))
+
+
+def kept_outputs(info) -> tuple[bool, ...]:
+    """Whether an eager call keeps each output for the backward: those the backward kernel reads, and the first
+    where it keeps no saved value, input or output otherwise (the backward takes the shape, dtype and device of
+    its [T, ...] tensors from one). A spike output that the saved values give again is not held twice."""
+    read = tuple(("output", i) in info.c2k_return_mapping for i in range(info.num_outputs))
+    if any(read) or info.saved_names or any(kept_inputs(info)):
+        return read
+    return (True, *read[1:])
 
 
 @functools.lru_cache(maxsize=None)

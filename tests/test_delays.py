@@ -200,11 +200,12 @@ def test_events_are_the_nonzero_entries_sorted_by_each_order():
     """The event kernels' lists: the nonzero entries of ``xs`` in the order of each permutation of its axes (the
     forward's (b, s, i), the tap gradients' (i, b, s)), as nonzero() of the permuted tensor lists them, and the
     first event of each group of the first two axes; their count, summed over blocks, is nonzero()'s."""
-    from flexsn_dsl.delay_kernels import COUNT_BLOCK, _count_nonzero, _events
+    from flexsn_dsl.delay_kernels import COUNT_BLOCK, _count_nonzero, _sorted, nonzero_events
     xs = _sparse((7, 3, 5), 0.3, 3)
+    events = nonzero_events(xs.contiguous(), int(xs.count_nonzero()))
     for order in ((1, 0, 2), (2, 1, 0)):
         moved = xs.permute(order)
-        start, second, third, values = _events(xs.contiguous(), order, int(xs.count_nonzero()))
+        start, second, third, values = _sorted(events, order)
         want = moved.nonzero()
         assert torch.equal(second.long(), want[:, 1]) and torch.equal(third.long(), want[:, 2])
         assert torch.equal(values, moved[tuple(want.T)])
@@ -247,6 +248,51 @@ def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, 
     _same_values_and_gradients(y, want, [x, layer.weight, layer.delay, layer.bias])
     assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"]
     assert 0 < torch.count_nonzero(x) < x.numel() / 2
+
+
+def _saved_pointers(run):
+    """``run()``'s result and the data pointers of the tensors its graph saved for the backward."""
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.data_ptr()) or t, lambda t: t):
+        return run(), packed
+
+
+def test_a_sparse_input_is_kept_as_its_events_and_the_hidden_spikes_by_nothing(monkeypatch):
+    """Where the tap gradients take events, the layer keeps the input's events for the backward, not the input;
+    nothing of it where only the input's gradient is wanted; the input itself where the taps are dense. In
+    DelayLinear -> LIF -> DelayLinear, the hidden layer's spikes are then saved by neither the LIF (its backward
+    reads its saved h) nor the next layer, and the gradients still equal the torch backend's."""
+    _thresholds(monkeypatch, 0.5, 0.5)
+    x = _sparse((6, 2, 4), 0.2, 5)
+    layer = _layer("triton", DELAYS, 3.0)
+    _, packed = _saved_pointers(lambda: layer(x))
+    assert x.data_ptr() not in packed and len(packed) == 4  # (indices, values, weight, delay)
+    layer.requires_grad_(False)
+    leaf = x.clone().requires_grad_()  # (the input's gradient only)
+    _, packed = _saved_pointers(lambda: layer(leaf))
+    assert leaf.data_ptr() not in packed and len(packed) == 2
+    layer.requires_grad_(True)
+    _thresholds(monkeypatch, 0.0, 0.0)
+    _, packed = _saved_pointers(lambda: layer(x))
+    assert x.data_ptr() in packed
+    _thresholds(monkeypatch, 0.5, 0.5)
+
+    def network(backend):
+        torch.manual_seed(4)
+        first, second = (flexsn_dsl.DelayLinear(n, m, 3.0, dtype=F64, backend=backend) for n, m in ((4, 5), (5, 3)))
+        neuron = flexsn_dsl.load(Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml", backend=backend)
+        with torch.no_grad():
+            first.weight.abs_().mul_(8)
+        spikes = []
+        y, packed = _saved_pointers(lambda: second(spikes.append(neuron.double()(first(x))) or spikes[0]))
+        return spikes[0], y, packed, [first.weight, first.delay, second.weight, second.delay]
+
+    spikes, y, packed, params = network("triton")
+    assert 0 < int(spikes.count_nonzero()) < spikes.numel() / 2 and spikes.data_ptr() not in packed
+    _, want, _, want_params = network("torch")
+    _close(y, want)
+    for got, ref in zip(_grads(y, params), _grads(want, want_params)):
+        _close(got, ref)
 
 
 def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, monkeypatch):

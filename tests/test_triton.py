@@ -170,6 +170,43 @@ def test_torch_compile_without_gradients_runs_the_inference_kernels(monkeypatch,
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+LINEAR = """
+neuron: linear
+inputs: [x]
+states:
+  v: 0.0
+step:
+  v: 0.5 * v + 2 * x
+outputs: [v]
+"""
+
+
+@pytest.mark.parametrize("spec,kept", [("lif", [False]), ("leaky", [False, True]), ("linear", [True])])
+def test_the_backward_keeps_only_the_outputs_its_kernel_reads(spec, kept):
+    """An output the backward kernel does not read (LIF's spikes: its backward reads the saved h) is not saved
+    for the backward (eager), so the next layer's input is not held twice; a spec whose backward reads nothing
+    of [T, ...] keeps its first output (the backward's shape and dtype); the gradients equal the torch backend's."""
+    torch.manual_seed(3)
+    load = (lambda backend: flexsn_dsl.loads(LINEAR, backend=backend)) if spec == "linear" else \
+        (lambda backend: flexsn_dsl.load(ROOT / "neurons" / f"{spec}.yaml", backend=backend))
+    ours, reference = load("triton").double(), load("torch").double()
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    weights = torch.rand(5, 7, dtype=torch.float64)
+
+    def grads(module):
+        packed = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.data_ptr()) or t, lambda t: t):
+            outs = module(x * 1.5)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        loss = sum(((y * weights) * (i + 1)).sum() for i, y in enumerate(outs))
+        return [y.data_ptr() in packed for y in outs], torch.autograd.grad(loss, [x, *module.parameters()])
+
+    saved, got = grads(ours)
+    assert saved == kept
+    for a, b in zip(got, grads(reference)[1]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize("spec,freed", [("lif", [True]), ("modulated_lif", [True, False]), ("plif", [False])])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_backward_keeps_only_the_inputs_its_kernel_reads(spec, freed, compiled, fresh_dynamo):
