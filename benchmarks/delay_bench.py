@@ -12,13 +12,15 @@ DelayLinear takes its event kernels, both ``flexsn_dsl.delay_kernels.EVENT_FORWA
 forces the dense ones, 1 the event ones): run it at both ends to see what the event kernels give in the network;
 ``--kernels`` times the kernels alone, dense against event, at input densities from 0.2 % to 20 % (layer shapes
 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled as its
-comment says) and ``EVENT_TAPS``. ``--profile`` prints instead where one flexsn-dsl step's GPU time goes
+comment says) and ``EVENT_TAPS``; ``--blocks`` times the event forward of the first layer alone at each longest delay
+in blocks of several shapes (``EVENT_OUTPUTS`` x ``EVENT_STEPS``), where ``EVENT_OUTPUTS``/``EVENT_STEPS`` come from.
+``--profile`` prints instead where one flexsn-dsl step's GPU time goes
 (torch.profiler, the kernels with the most time), and ``--memory`` what is live at its peak of GPU memory, by
 the line that allocated it (the CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch
 backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
-                                     [--event-density D] [--profile] [--memory] [--kernels]
+                                     [--event-density D] [--profile] [--memory] [--kernels] [--blocks]
 """
 from __future__ import annotations
 
@@ -203,6 +205,42 @@ def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = Fals
             print(f"| {inputs} -> {outputs} | {density} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
 
 
+BLOCKS = ((128, 16), (128, 32), (64, 32), (32, 32), (32, 64), (32, 128), (64, 64))  # (outputs, steps) for --blocks
+
+
+def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bool = False) -> None:
+    """The event forward of the first layer (700 -> 256) alone (medians of ``triton.testing.do_bench``) in blocks
+    of each shape of ``BLOCKS``, per input density and longest delay (``quick``: 24 -> 8, two shapes, one run)."""
+    from triton.testing import do_bench  # noqa: PLC0415
+
+    if device == "cpu":
+        def do_bench(fn) -> float:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+    inputs, outputs = (24, 8) if quick else SIZES[:2]
+    shapes = BLOCKS[-2:] if quick else BLOCKS
+    print("| input density | longest delay | " + " | ".join(f"{j} x {t} (ms)" for j, t in shapes) + " |")
+    print("|---|---|" + "---|" * len(shapes))
+    g = torch.Generator(device).manual_seed(0)
+    saved = delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS, delay_kernels.EVENT_PROGRAMS
+    delay_kernels.EVENT_PROGRAMS = 1
+    try:
+        for density in (0.01, 0.02):
+            xs = (torch.rand(T, B, inputs, generator=g, device=device) < density).float()
+            events = delay_kernels.nonzero_events(xs, int(xs.count_nonzero()))
+            for max_delay in max_delays:
+                a, c = (torch.rand(outputs, inputs, generator=g, device=device) for _ in range(2))
+                k = torch.randint(max_delay + 1, (outputs, inputs), generator=g, device=device, dtype=torch.int32)
+                ms = []
+                for delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS in shapes:
+                    ms.append(do_bench(lambda: delay_kernels.linear_forward(xs, a, c, k, None, T, 0, max_delay + 1,
+                                                                            events)))
+                print(f"| {density} | {max_delay} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
+    finally:
+        delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS, delay_kernels.EVENT_PROGRAMS = saved
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-delays", type=int, nargs="+", default=[64, 256, 512])
@@ -216,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="where a flexsn-dsl step's time goes, per delay")
     parser.add_argument("--kernels", action="store_true",
                         help="the kernels alone, dense against event, per input density (at the first longest delay)")
+    parser.add_argument("--blocks", action="store_true",
+                        help="the event forward of the first layer alone in blocks of several shapes")
     parser.add_argument("--memory", action="store_true",
                         help="what is live at a step's peak of GPU memory, by where it was allocated (CUDA only)")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
@@ -234,6 +274,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{delay_kernels.EVENT_TAPS} (tap gradients)")
     if args.kernels:
         return kernel_times(args.T, args.B, args.max_delays[0], device, args.quick)
+    if args.blocks:
+        return forward_blocks(args.T, args.B, args.max_delays, device, args.quick)
     if args.memory:
         if device != "cuda":
             parser.error("--memory reads the CUDA allocator's history: it needs a GPU")

@@ -31,8 +31,9 @@ skipped, not multiplied: a NaN or infinite weight or gradient meets only the non
   sample ``b`` that reaches its steps, in the order (s, i), to the steps its taps reach (``y[s-P+k] += a v``,
   ``y[s-P+k+1] += c v``) among its own. Only that program writes those elements, each from one lane, so the sums
   run in one fixed order: the adds are atomic only so that a lane's successive adds to one element are ordered,
-  and the result is deterministic. (The blocks of steps are short so that the outputs a program adds to stay in the
-  L2 cache; an event is read by each block its taps can reach, at most ``(max_delay + 1) / steps + 2`` of them.)
+  and the result is deterministic. (The blocks are narrow, 32 outputs, so that the outputs the programs on the GPU
+  add to stay in the L2 cache; an event is read by each block its taps can reach, at most
+  ``(max_delay + 1) / steps + 2`` of them.)
 - :func:`linear_grad_taps`: one program per input ``i``, block of ``j`` and block of ``EVENT_ROWS`` batch rows
   gathers ``g`` at the steps each of channel ``i``'s events reached, in the order (b, s) and ``TAP_EVENTS`` at a
   time, into partial sums of ``S0``/``S1`` in registers, which the host sums (a fixed order too). It reads ``g``
@@ -64,27 +65,27 @@ __all__ = ["EventChoice", "Events", "channel_forward", "channel_grad_delay", "ch
 STEPS = 128  # steps of a dense linear kernel's tile (one warp, four a lane): contiguous in memory
 SYNAPSES = 8  # outputs j (forward) or inputs i (backward) of a dense linear kernel's tile
 TAP_SYNAPSES = 16  # inputs i of a dense tap-gradient tile (twice the others': half the time on an H100)
-EVENT_SYNAPSES = 128  # outputs j of an event program: one element a lane (32 lanes x 4 warps), none repeated
+EVENT_SYNAPSES = 128  # outputs j of an event tap-gradient program: one element a lane (32 lanes x 4 warps)
 # the event kernels where the input is this sparse or sparser, at the crossovers with the dense kernels measured on
 # an H100 (`benchmarks/delay_bench.py --kernels`, BENCHMARKS.md): the tap gradients' where the input's density is
 # at most EVENT_TAPS (about 0.079 for 700 -> 256 and 0.077 for 256 -> 256 at reach 65, higher at 513); the
 # forward's where its density times the cost of its events per event it adds is at most EVENT_FORWARD. A block of
-# `steps` steps reads the events of its steps and of the reach before them, and an event read but not added costs
-# EVENT_READ of one added: so the cost is 1 + EVENT_READ * (steps + reach) / steps (crossovers 0.0169 at reach 65,
-# 0.0137 at 257, 0.0129 at 513)
+# EVENT_STEPS steps reads the events of its steps and of the reach before them, and an event read but not added
+# costs EVENT_READ of one added: so the cost is 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS (crossovers
+# 0.0177 at reach 65, 0.0151 at 257, 0.0127 at 513; measured 0.0173-0.0183, 0.0144 and 0.0131-0.0133)
 EVENT_TAPS = 0.075
-EVENT_FORWARD = 0.019
-EVENT_READ = 0.026
+EVENT_FORWARD = 0.020
+EVENT_READ = 0.064
 # the event forward runs a program per sample, block of outputs and block of steps, each through the events that
 # reach its steps in turn: with fewer programs than this (a batch of one, streaming) the dense forward runs
 EVENT_PROGRAMS = 128
-# its blocks of steps: short, so that the outputs a program adds to at once stay in the L2 cache (700 -> 256 at
-# density 0.01 on an H100, at reach 65: 31.6 ms in blocks of 128 steps, 13.9 ms in blocks of 16), yet long enough
-# that an event is not read by too many blocks: EVENT_STEPS, or EVENT_STEPS_FAR where the taps reach further back
-# than EVENT_FAR (blocks of 16 and 32 steps: 16.6 and 17.1 ms at reach 257, 24.2 and 17.6 ms at reach 513)
-EVENT_STEPS = 16
-EVENT_STEPS_FAR = 32
-EVENT_FAR = 384
+# its blocks: EVENT_OUTPUTS outputs (one warp, one a lane) by EVENT_STEPS steps. Few outputs, so that the
+# elements the programs on the GPU add to at once stay in the L2 cache (700 -> 256 at density 0.01 on an H100,
+# reach 65: 31.6 ms in blocks of 128 x 128, 13.9 ms in blocks of 128 x 16), and many steps, so that an event is
+# read by few blocks: at density 0.01 on an H200 (BENCHMARKS.md), blocks of 32 x 64 against 128 x 16 took 10.6
+# against 10.9 ms at reach 65, 11.2 against 14.3 ms at 257 and 12.1 against 22.7 ms at 513 (`delay_bench.py --blocks`)
+EVENT_OUTPUTS = 32
+EVENT_STEPS = 64
 TAP_EVENTS = 16  # events an event tap-gradient program loads at once (1 to 16: 8.2 to 7.5 ms at density 0.01)
 COUNT_BLOCK = 4096  # entries a program counts (event_kernels)
 EVENT_ROWS = 32  # batch rows of an event tap-gradient program (its partial sums summed after: shorter chains)
@@ -303,16 +304,9 @@ def event_kernels(xs: torch.Tensor, reach: int) -> EventChoice:
         return EventChoice(False, False, 0)
     count = _count_nonzero(xs)
     density = count / max(xs.numel(), 1)
-    steps = _event_steps(reach)
-    per_add = 1 + EVENT_READ * (steps + reach) / steps
+    per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
     return EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD,
                        EVENT_TAPS > 0 and density <= EVENT_TAPS, count)
-
-
-def _event_steps(reach: int) -> int:
-    """Steps of an event forward program's block: ``EVENT_STEPS``, or ``EVENT_STEPS_FAR`` where the taps reach
-    further back than ``EVENT_FAR``."""
-    return EVENT_STEPS if reach <= EVENT_FAR else EVENT_STEPS_FAR
 
 
 def _count_nonzero(x: torch.Tensor) -> int:
@@ -400,16 +394,15 @@ def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.
     batch gives it ``EVENT_PROGRAMS`` programs or more."""
     L, B, I = xs.shape
     J = a.shape[0]
-    steps = _event_steps(reach)
-    grid = (B, _blocks(J, EVENT_SYNAPSES), _blocks(T, steps))
+    grid = (B, _blocks(J, EVENT_OUTPUTS), _blocks(T, EVENT_STEPS))
     if events is not None and grid[0] * grid[1] * grid[2] >= EVENT_PROGRAMS and T * B * J:
         _check(reach, P, L * B * I, T * B * J)
         y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
         if events.values.numel():
             _linear_forward_events[grid](*_sorted(events, (1, 0, 2)),  # by (b, s), then i
                                          a.T.contiguous(), c.T.contiguous(), k.T.contiguous(), y, T, B, J, L, P,
-                                         reach, BLOCK_J=EVENT_SYNAPSES, BLOCK_T=steps,
-                                         num_warps=_warps(EVENT_SYNAPSES))
+                                         reach, BLOCK_J=EVENT_OUTPUTS, BLOCK_T=EVENT_STEPS,
+                                         num_warps=_warps(EVENT_OUTPUTS))
         return y
     y = xs.new_zeros((T, B, J))
     if y.numel():

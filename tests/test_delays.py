@@ -303,7 +303,8 @@ def test_event_kernels_over_blocks_equal_the_torch_backend(kernels_launched, mon
     the history, so that an event reaches the steps of several blocks, and the tap gradients sum partial sums
     of blocks of batch rows."""
     from flexsn_dsl import delay_kernels
-    monkeypatch.setattr(delay_kernels, "EVENT_SYNAPSES", 16)  # (blocks of 16 outputs: fewer interpreted programs)
+    for blocks in ("EVENT_SYNAPSES", "EVENT_OUTPUTS"):  # (blocks of 16 outputs: fewer interpreted programs)
+        monkeypatch.setattr(delay_kernels, blocks, 16)
     monkeypatch.setattr(delay_kernels, "EVENT_STEPS", 8)  # (delays up to 8, 9 steps of history)
     monkeypatch.setattr(delay_kernels, "EVENT_ROWS", 2)  # (a batch of three: a block of two and a block of one)
     J, I, T = delay_kernels.EVENT_SYNAPSES + 1, 40, 30

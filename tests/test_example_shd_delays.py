@@ -62,7 +62,8 @@ def test_trains_on_random_data_of_shds_shapes(capsys):
 
 def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     """benchmarks/delay_bench.py's CPU smoke run: the layers' input densities it reports are those of its input and
-    of hidden layers made active by --gain, and the table and the profile print (the GPU session's commands)."""
+    of hidden layers made active by --gain, and the table, the profile and the kernels' timings print (the GPU
+    session's commands)."""
     from flexsn_dsl import delay_kernels
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import delay_bench
@@ -82,6 +83,11 @@ def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     assert [(r[0].strip(), float(r[1])) for r in rows] == [("24 -> 8", 0.05), ("24 -> 8", 0.2),
                                                              ("8 -> 8", 0.05), ("8 -> 8", 0.2)]
     assert all(float(v) > 0 for r in rows for v in r[2:])
+    blocks = delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS
+    delay_bench.main(["--quick", "--blocks"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.0")]
+    assert [(float(r[0]), int(r[1])) for r in rows] == [(0.01, 8), (0.02, 8)] and all(len(r) == 4 for r in rows)
+    assert (delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS) == blocks  # (restored)
 
 
 def test_delay_bench_memory_finds_the_blocks_live_at_the_peak(monkeypatch):
