@@ -174,17 +174,25 @@ def memory(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 12
         print(f"  {size / 1e9:6.3f} GB in {blocks:3d} blocks  {frame}")
 
 
+def bencher(device: str):
+    """``triton.testing.do_bench`` (milliseconds, the median after a warm-up), or on the CPU (--quick: the
+    interpreter) one timed call."""
+    if device != "cpu":
+        from triton.testing import do_bench  # noqa: PLC0415
+        return do_bench
+
+    def once(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    return once
+
+
 def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = False) -> None:
     """The delay kernels alone, dense against event (medians of ``triton.testing.do_bench``), per input density:
     the forward and the taps' gradient (the two with an event kernel) of one DelayLinear layer of each shape
     (``quick``: two densities, layers 24 -> 8 and 8 -> 8)."""
-    from triton.testing import do_bench  # noqa: PLC0415
-
-    if device == "cpu":  # (--quick: the interpreter, once per call)
-        def do_bench(fn) -> float:
-            start = time.perf_counter()
-            fn()
-            return (time.perf_counter() - start) * 1e3
+    do_bench = bencher(device)
     densities = (0.05, 0.2) if quick else (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
     shapes = ((24, 8), (8, 8)) if quick else ((SIZES[0], SIZES[1]), (SIZES[1], SIZES[2]))
     print("| layer | input density | forward dense (ms) | forward events (ms) | taps dense (ms) | taps events (ms) |")
@@ -211,13 +219,7 @@ BLOCKS = ((128, 16), (128, 32), (64, 32), (32, 32), (32, 64), (32, 128), (64, 64
 def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bool = False) -> None:
     """The event forward of the first layer (700 -> 256) alone (medians of ``triton.testing.do_bench``) in blocks
     of each shape of ``BLOCKS``, per input density and longest delay (``quick``: 24 -> 8, two shapes, one run)."""
-    from triton.testing import do_bench  # noqa: PLC0415
-
-    if device == "cpu":
-        def do_bench(fn) -> float:
-            start = time.perf_counter()
-            fn()
-            return (time.perf_counter() - start) * 1e3
+    do_bench = bencher(device)
     inputs, outputs = (24, 8) if quick else SIZES[:2]
     shapes = BLOCKS[-2:] if quick else BLOCKS
     print("| input density | longest delay | " + " | ".join(f"{j} x {t} (ms)" for j, t in shapes) + " |")
