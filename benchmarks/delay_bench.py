@@ -12,12 +12,11 @@ DelayLinear takes its event kernels, both ``flexsn_dsl.delay_kernels.EVENT_FORWA
 forces the dense ones, 1 the event ones): run it at both ends to see what the event kernels give in the network;
 ``--kernels`` times the kernels alone, dense against event, at input densities from 0.2 % to 20 % (layer shapes
 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled as its
-comment says) and ``EVENT_TAPS``; ``--blocks`` times the event forward of the first layer alone at each longest delay
-in blocks of several shapes (``EVENT_OUTPUTS`` x ``EVENT_STEPS``), where ``EVENT_OUTPUTS``/``EVENT_STEPS`` come from.
-``--profile`` prints instead where one flexsn-dsl step's GPU time goes
-(torch.profiler, the kernels with the most time), and ``--memory`` what is live at its peak of GPU memory, by
-the line that allocated it (the CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch
-backends (checks the script only).
+comment says) and ``EVENT_TAPS``; ``--blocks`` times the first layer's event forward alone at each longest delay in
+blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``EVENT_STEPS``. ``--profile`` prints instead
+where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most time), and ``--memory`` what
+is live at its peak of GPU memory, by the line that allocated it (the CUDA allocator's history). ``--quick`` runs
+CPU-sized shapes with the torch backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
                                      [--event-density D] [--profile] [--memory] [--kernels] [--blocks]
