@@ -125,6 +125,32 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
             torch.cuda.synchronize()
     key = "self_device_time_total" if x.is_cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+    if x.is_cuda:
+        print(idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                         if e.device_type == torch.autograd.DeviceType.CUDA]))
+
+
+def idle_gaps(spans: list[tuple[float, float, str]], rows: int = 8, least: float = 10.0) -> str:
+    """Where the GPU waits within a step: from its kernels' ``(start, end, name)`` (microseconds), the time
+    between the first start and the last end, the time some kernel runs, and the ``rows`` longest gaps of at least
+    ``least`` microseconds between them, each with the kernels around it."""
+    if not spans:
+        return "no device events recorded"
+    spans = sorted(spans)
+    gaps, busy, end, before = [], 0.0, spans[0][0], spans[0][2]
+    for start, stop, name in spans:
+        if start - end >= least:
+            gaps.append((start - end, before, name))
+        busy += max(0.0, stop - max(start, end))
+        if stop > end:
+            end, before = stop, name
+    span = end - spans[0][0]
+    lines = [f"device busy {busy / 1e3:.2f} ms of {span / 1e3:.2f} ms from the first kernel to the last; idle "
+             f"{(span - busy) / 1e3:.2f} ms, {sum(g for g, _, _ in gaps) / 1e3:.2f} ms of it in {len(gaps)} gaps of "
+             f"{least:g} us or more; the longest:"]
+    lines += [f"  {gap:8.1f} us  after {before[:50]}  before {after[:50]}"
+              for gap, before, after in sorted(gaps, reverse=True)[:rows]]
+    return "\n".join(lines)
 
 
 def peak_blocks(events: list[dict], where: tuple[str, ...] = ("flexsn_dsl", "examples")
@@ -203,12 +229,12 @@ def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = Fals
         grad = torch.randn(T, B, outputs, generator=g, device=device)
         for density in densities:
             xs = (torch.rand(T, B, inputs, generator=g, device=device) < density).float()
-            events = delay_kernels.nonzero_events(xs, int(xs.count_nonzero()))
+            by_step, by_input = delay_kernels.list_events(xs, delay_kernels.count_events(xs), True, True)
             ms = [do_bench(lambda listed=listed: delay_kernels.linear_forward(xs, a, c, k, None, T, 0, max_delay + 1,
                                                                             listed))
-                  for listed in (None, events)]
+                  for listed in (None, by_step)]
             ms += [do_bench(lambda source=source: delay_kernels.linear_grad_taps(grad, source, k, 0, max_delay + 1))
-                   for source in (xs, events)]
+                   for source in (xs, by_input)]
             print(f"| {inputs} -> {outputs} | {density} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
 
 
@@ -229,7 +255,7 @@ def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bo
     try:
         for density in (0.01, 0.02):
             xs = (torch.rand(T, B, inputs, generator=g, device=device) < density).float()
-            events = delay_kernels.nonzero_events(xs, int(xs.count_nonzero()))
+            events, _ = delay_kernels.list_events(xs, delay_kernels.count_events(xs), True, False)
             for max_delay in max_delays:
                 a, c = (torch.rand(outputs, inputs, generator=g, device=device) for _ in range(2))
                 k = torch.randint(max_delay + 1, (outputs, inputs), generator=g, device=device, dtype=torch.int32)

@@ -196,8 +196,9 @@ def check(spec: Path, dtype: str, tile: int = 2) -> list[str]:
 
 # the delay kernels' integer arguments
 DELAY_SIZES = {"T", "B", "I", "J", "P", "L", "C", "N", "M", "R", "Q", "W", "TG", "before"}
-DELAY_INDICES = {"k", "o", "start", "s_of", "i_of", "b_of"}  # their int32 arrays: steps, offsets, the events' groups
-# and indices
+DELAY_INDICES = {"k", "o", "start", "s_of", "i_of", "b_of", "by_step", "by_input", "step_s", "step_i", "input_b",
+                 "input_s"}  # their int32 arrays: steps, offsets, the events' groups and indices
+DELAY_CONSTANTS = {"HAS_BIAS": True, "SHIFT": 1, "STEP_LIST": True, "INPUT_LIST": True}  # (and BLOCK_*, CHUNK: 16)
 
 
 def check_delays(dtype: str) -> list[str]:
@@ -211,8 +212,8 @@ def check_delays(dtype: str) -> list[str]:
             continue
         signature, constants = {}, {}
         for arg in fn.arg_names:
-            if arg.startswith("BLOCK_") or arg in ("HAS_BIAS", "SHIFT"):
-                signature[arg], constants[arg] = "constexpr", {"HAS_BIAS": True, "SHIFT": 1}.get(arg, 16)
+            if arg.startswith("BLOCK_") or arg in DELAY_CONSTANTS or arg == "CHUNK":
+                signature[arg], constants[arg] = "constexpr", DELAY_CONSTANTS.get(arg, 16)
             else:
                 signature[arg] = "i32" if arg in DELAY_SIZES else "*i32" if arg in DELAY_INDICES else pointer
         source = triton.compiler.ASTSource(fn, signature, constants)

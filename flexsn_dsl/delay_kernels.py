@@ -39,9 +39,12 @@ skipped, not multiplied: a NaN or infinite weight or gradient meets only the non
   time, into partial sums of ``S0``/``S1`` in registers, which the host sums (a fixed order too). It reads ``g``
   time-major: each lane's two steps share a sector.
 
-The events are the nonzero entries found in ``xs``'s own order (:func:`nonzero_events`, once a call: the layer
-keeps them for the backward instead of ``xs``) and sorted by one key for each kernel (:func:`_sorted`); their count
-(:func:`event_kernels`) is summed per block by a kernel, copying nothing.
+The events are listed in two passes over ``xs``, each a program per sample, block of inputs and chunk of steps,
+copying nothing and sorting nothing: :func:`count_events` counts each program's events per step and per input (and
+the host sums them up: where each program's events start in each list, and their number, the call's one wait for the
+GPU, :func:`event_kernels`); :func:`list_events` writes them there, in each kernel's order at once: the forward's
+list grouped by ``(b, s)`` in the order ``i``, the tap gradients' grouped by ``(i, b)`` in the order ``s`` (the layer
+keeps that one for the backward instead of ``xs``).
 
 The dense linear kernels read time-major copies, ``xs`` and ``g`` as ``[B, n, steps]`` padded with zeros on
 both sides (made for the call by :func:`_time_major_rows`, in one pass): a tile's axis along time is contiguous
@@ -59,8 +62,8 @@ from .triton_settings import triton  # (Triton imported after the interpreter's 
 
 import triton.language as tl  # noqa: E402
 
-__all__ = ["EventChoice", "Events", "channel_forward", "channel_grad_delay", "channel_grad_input", "event_kernels",
-           "linear_forward", "linear_grad_input", "linear_grad_taps", "nonzero_events"]
+__all__ = ["EventChoice", "EventCounts", "EventList", "channel_forward", "channel_grad_delay", "channel_grad_input",
+           "count_events", "event_kernels", "linear_forward", "linear_grad_input", "linear_grad_taps", "list_events"]
 
 STEPS = 128  # steps of a dense linear kernel's tile (one warp, four a lane): contiguous in memory
 SYNAPSES = 8  # outputs j (forward) or inputs i (backward) of a dense linear kernel's tile
@@ -87,7 +90,9 @@ EVENT_PROGRAMS = 128
 EVENT_OUTPUTS = 32
 EVENT_STEPS = 64
 TAP_EVENTS = 16  # events an event tap-gradient program loads at once (1 to 16: 8.2 to 7.5 ms at density 0.01)
-COUNT_BLOCK = 4096  # entries a program counts (event_kernels)
+LIST_INPUTS = 128  # inputs of an event-listing program (count_events, list_events): one contiguous row a step
+LIST_STEPS = 16  # steps of its tile
+LIST_CHUNK = 256  # steps of a listing program, in tiles of LIST_STEPS
 EVENT_ROWS = 32  # batch rows of an event tap-gradient program (its partial sums summed after: shorter chains)
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
@@ -251,9 +256,58 @@ def _channel_grad_delay(g, xs, k, part, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _count_nonzero_blocks(x, counts, N, BLOCK: tl.constexpr):
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(counts + tl.program_id(0), tl.sum((tl.load(x + n, mask=n < N, other=0) != 0).to(tl.int32)))
+def _events_tile(x, p, block, s0, L, B, I, BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr, CHUNK: tl.constexpr):
+    """A listing program's tile at step ``s0`` of its chunk (program ``p`` over (b, chunk), ``block`` of inputs): (b,
+    its steps s, inputs i, ``x[s, b, i]``, 1 where that is nonzero and 0 elsewhere (int32))."""
+    chunks = tl.cdiv(L, CHUNK)
+    b, s = p // chunks, p % chunks * CHUNK + s0 + tl.arange(0, BLOCK_S)
+    i = block * BLOCK_I + tl.arange(0, BLOCK_I)
+    v = tl.load(x + (s[:, None] * B + b) * I + i[None, :], mask=(s < L)[:, None] & (i < I)[None, :], other=0)
+    return b, s, i, v, (v != 0).to(tl.int32)
+
+
+@triton.jit
+def _linear_count_events(x, by_step, by_input, L, B, I, BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
+                         CHUNK: tl.constexpr):
+    # by_step[b, s, block] = the events x[s, b, i] of the program's block of i; by_input[i, b, chunk] = those of
+    # its chunk of s (a program per (b, chunk of steps), flat, and block of inputs)
+    p, block, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    chunks = tl.cdiv(L, CHUNK)
+    i = block * BLOCK_I + tl.arange(0, BLOCK_I)
+    seen = tl.zeros((BLOCK_I,), dtype=tl.int32)
+    for s0 in range(0, CHUNK, BLOCK_S):
+        b, s, _, _, n = _events_tile(x, p, block, s0, L, B, I, BLOCK_S, BLOCK_I, CHUNK)
+        tl.store(by_step + (b * L + s) * blocks + block, tl.sum(n, axis=1), mask=s < L)
+        seen += tl.sum(n, axis=0)
+    tl.store(by_input + (i * B + p // chunks) * chunks + p % chunks, seen, mask=i < I)
+
+
+@triton.jit
+def _linear_list_events(x, by_step, by_input, step_s, step_i, step_v, input_b, input_s, input_v, L, B, I,
+                        STEP_LIST: tl.constexpr, INPUT_LIST: tl.constexpr, BLOCK_S: tl.constexpr,
+                        BLOCK_I: tl.constexpr, CHUNK: tl.constexpr):
+    # the events counted by _linear_count_events, each written at its place in each list: by_step and by_input
+    # hold where each program's events start in them (the by-step list in the order (b, s, i), the by-input list
+    # in the order (i, b, s)); a program walks its steps in order, and a tile's events go in order along i (to
+    # the by-step list) and along s (to the by-input list)
+    p, block, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    chunks = tl.cdiv(L, CHUNK)
+    i = block * BLOCK_I + tl.arange(0, BLOCK_I)
+    at_input = tl.load(by_input + (i * B + p // chunks) * chunks + p % chunks, mask=i < I, other=0)
+    for s0 in range(0, CHUNK, BLOCK_S):
+        b, s, i, v, n = _events_tile(x, p, block, s0, L, B, I, BLOCK_S, BLOCK_I, CHUNK)
+        has = n != 0
+        if STEP_LIST:
+            at = tl.load(by_step + (b * L + s) * blocks + block, mask=s < L, other=0)[:, None] + tl.cumsum(n, 1) - n
+            tl.store(step_s + at, tl.broadcast_to(s[:, None], (BLOCK_S, BLOCK_I)), mask=has)
+            tl.store(step_i + at, tl.broadcast_to(i[None, :], (BLOCK_S, BLOCK_I)), mask=has)
+            tl.store(step_v + at, v, mask=has)
+        if INPUT_LIST:
+            at = at_input[None, :] + tl.cumsum(n, 0) - n
+            tl.store(input_b + at, tl.full((BLOCK_S, BLOCK_I), 0, tl.int32) + b, mask=has)
+            tl.store(input_s + at, tl.broadcast_to(s[:, None], (BLOCK_S, BLOCK_I)), mask=has)
+            tl.store(input_v + at, v, mask=has)
+            at_input += tl.sum(n, axis=0)
 
 
 @triton.jit
@@ -286,65 +340,96 @@ def _int32(*sizes: int) -> None:
                          f"elements, got {max(sizes)}; call the layer on fewer steps or a smaller batch")
 
 
+class EventCounts(NamedTuple):
+    """An input's events counted (:func:`count_events`): their number, and where the events of each listing program
+    start in each list (int32, exclusive prefix sums, the number last): ``by_step [B * L * blocks + 1]`` per (b, s,
+    block of inputs), ``by_input [I * B * chunks + 1]`` per (i, b, chunk of steps)."""
+    count: int
+    by_step: torch.Tensor
+    by_input: torch.Tensor
+
+
 class EventChoice(NamedTuple):
-    """Whether the event kernels take a call's forward and its tap gradients (:func:`event_kernels`), and the count
-    of its input's nonzero entries (its events)."""
+    """Whether the event kernels take a call's forward and its tap gradients (:func:`event_kernels`), and its input's
+    events counted (None where none were: the dense kernels take both)."""
     forward: bool
     taps: bool
-    count: int
+    counts: EventCounts | None
 
 
 def event_kernels(xs: torch.Tensor, reach: int) -> EventChoice:
     """Whether the event kernels take the forward and the tap gradients of ``xs`` (taps reaching ``reach`` steps
-    back), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``). Counting its nonzero entries waits for the GPU,
-    so a call counts once (its backward follows the forward's choice and reuses the count), and never while a CUDA
-    graph is captured or torch.compile traces (the dense kernels, which wait for nothing, run there)."""
+    back), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``). Counting its events waits for the GPU, so a call
+    counts once (its backward follows the forward's choice), and never while a CUDA graph is captured or
+    torch.compile traces (the dense kernels, which wait for nothing, run there)."""
     if (EVENT_FORWARD <= 0 and EVENT_TAPS <= 0) or torch.compiler.is_compiling() or (
             xs.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return EventChoice(False, False, 0)
-    count = _count_nonzero(xs)
-    density = count / max(xs.numel(), 1)
+        return EventChoice(False, False, None)
+    counts = count_events(xs)
+    density = counts.count / max(xs.numel(), 1)
     per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
     return EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD,
-                       EVENT_TAPS > 0 and density <= EVENT_TAPS, count)
+                       EVENT_TAPS > 0 and density <= EVENT_TAPS, counts)
 
 
-def _count_nonzero(x: torch.Tensor) -> int:
-    """The nonzero entries of ``x`` (contiguous), counted in blocks without a copy of ``x``."""
-    if not x.numel():
-        return 0
-    _int32(x.numel())
-    counts = x.new_empty(_blocks(x.numel(), COUNT_BLOCK), dtype=torch.int32)
-    _count_nonzero_blocks[(len(counts),)](x, counts, x.numel(), BLOCK=COUNT_BLOCK, num_warps=4)
-    return int(counts.sum().item())
+def _listing(xs: torch.Tensor) -> tuple[tuple[int, int], int, int]:
+    """The grid of the listing programs over ``xs [L, B, I]``, and their blocks of inputs and chunks of steps."""
+    L, B, I = xs.shape
+    blocks, chunks = _blocks(I, LIST_INPUTS), _blocks(L, LIST_CHUNK)
+    return (B * chunks, blocks), blocks, chunks
 
 
-class Events(NamedTuple):
-    """The nonzero entries of an input ``[L, B, I]``: their indices (int64 ``[3, count]``: step, batch row, input;
-    in the input's order), their values and the input's shape."""
-    where: torch.Tensor
+def count_events(xs: torch.Tensor) -> EventCounts:
+    """The nonzero entries (events) of ``xs [L, B, I]`` (contiguous), counted per listing program in one pass, and
+    where each program's start in each list (summed on the GPU; their number read back: one wait)."""
+    L, B, I = xs.shape
+    grid, blocks, chunks = _listing(xs)
+    by_step = xs.new_zeros(B * L * blocks + 1, dtype=torch.int32)
+    by_input = xs.new_zeros(I * B * chunks + 1, dtype=torch.int32)
+    if not xs.numel():
+        return EventCounts(0, by_step, by_input)
+    _int32(xs.numel(), len(by_step), len(by_input))
+    per_step, per_input = torch.empty_like(by_step[1:]), torch.empty_like(by_input[1:])
+    _linear_count_events[grid](xs, per_step, per_input, L, B, I, BLOCK_S=LIST_STEPS, BLOCK_I=LIST_INPUTS,
+                               CHUNK=LIST_CHUNK, num_warps=4)
+    torch.cumsum(per_step, 0, dtype=torch.int32, out=by_step[1:])
+    torch.cumsum(per_input, 0, dtype=torch.int32, out=by_input[1:])
+    return EventCounts(int(by_step[-1].item()), by_step, by_input)
+
+
+class EventList(NamedTuple):
+    """An input's events grouped by two of its axes, for one event kernel (:func:`list_events`): group ``g``'s
+    events are ``start[g]`` to ``start[g + 1]`` (int32); per event, its index along the group's second axis and
+    along the remaining one (int32), and its value; and the input's shape ``(L, B, I)``. The by-step list: groups
+    ``(b, s)``, per event ``(s, i)``, in the order ``i``; the by-input list: groups ``(i, b)``, per event ``(b, s)``,
+    in the order ``s``."""
+    start: torch.Tensor
+    second: torch.Tensor
+    third: torch.Tensor
     values: torch.Tensor
     shape: tuple[int, int, int]
 
 
-def nonzero_events(xs: torch.Tensor, count: int) -> Events:
-    """The ``count`` nonzero entries of ``xs [L, B, I]`` (contiguous; ``count`` as :func:`event_kernels` gave it):
-    found in ``xs``'s own order without a copy of ``xs``, nothing waiting for the GPU."""
-    where = torch.nonzero_static(xs, size=count).T if count else xs.new_zeros((3, 0), dtype=torch.int64)
-    return Events(where, xs[tuple(where)], tuple(xs.shape))
+def list_events(xs: torch.Tensor, counts: EventCounts, by_step: bool, by_input: bool
+                ) -> tuple[EventList | None, EventList | None]:
+    """The events of ``xs [L, B, I]`` (contiguous; ``counts`` its :func:`count_events`) in the by-step list (the
+    forward's) and the by-input list (the tap gradients'), each where asked for (None elsewhere): one pass over
+    ``xs`` writes both, nothing waiting for the GPU."""
+    L, B, I = xs.shape
+    grid, blocks, chunks = _listing(xs)
 
-
-def _sorted(events: Events, order: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
-    """``events`` sorted by the input's axes in ``order`` (a permutation of ``(0, 1, 2)``), by one key: ``(start, the
-    index along order[1], along order[2], value)``, ``start[g]`` the first event of group ``g = index along order[0]
-    * size of order[1] + index along order[1]``."""
-    sizes = [events.shape[axis] for axis in order]
-    where = events.where
-    key = (where[order[0]] * sizes[1] + where[order[1]]) * sizes[2] + where[order[2]]
-    by = torch.sort(key).indices  # (the keys distinct: one order)
-    first, second, third = (where[axis][by] for axis in order)
-    start = torch.searchsorted(first * sizes[1] + second, torch.arange(sizes[0] * sizes[1] + 1, device=key.device))
-    return start.to(torch.int32), second.to(torch.int32), third.to(torch.int32), events.values[by]
+    def new(asked: bool, offsets: torch.Tensor, every: int) -> list[torch.Tensor]:
+        if not asked:
+            return [offsets[:1]] * 4  # (not written: a placeholder argument)
+        return [offsets[::every].contiguous(), *(offsets.new_empty(counts.count) for _ in range(2)),
+                xs.new_empty(counts.count)]
+    step, inputs = new(by_step, counts.by_step, blocks), new(by_input, counts.by_input, chunks)
+    if counts.count and (by_step or by_input):
+        _linear_list_events[grid](xs, counts.by_step, counts.by_input, *step[1:], *inputs[1:], L, B, I,
+                                  STEP_LIST=by_step, INPUT_LIST=by_input, BLOCK_S=LIST_STEPS, BLOCK_I=LIST_INPUTS,
+                                  CHUNK=LIST_CHUNK, num_warps=4)
+    shape = (L, B, I)
+    return (EventList(*step, shape) if by_step else None), (EventList(*inputs, shape) if by_input else None)
 
 
 def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
@@ -388,9 +473,9 @@ def _check(reach: int, P: int, *sizes: int) -> None:
 
 
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
-                   T: int, P: int, reach: int, events: Events | None = None) -> torch.Tensor:
+                   T: int, P: int, reach: int, events: EventList | None = None) -> torch.Tensor:
     """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring), ``reach`` > every
-    ``k``; ``events``: ``xs``'s (:func:`nonzero_events`), for the event kernel (None: the dense one), where the
+    ``k``; ``events``: ``xs``'s by-step list (:func:`list_events`), for the event kernel (None: the dense one), where the
     batch gives it ``EVENT_PROGRAMS`` programs or more."""
     L, B, I = xs.shape
     J = a.shape[0]
@@ -399,7 +484,7 @@ def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.
         _check(reach, P, L * B * I, T * B * J)
         y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
         if events.values.numel():
-            _linear_forward_events[grid](*_sorted(events, (1, 0, 2)),  # by (b, s), then i
+            _linear_forward_events[grid](*events[:4],  # by (b, s), then i
                                          a.T.contiguous(), c.T.contiguous(), k.T.contiguous(), y, T, B, J, L, P,
                                          reach, BLOCK_J=EVENT_OUTPUTS, BLOCK_T=EVENT_STEPS,
                                          num_warps=_warps(EVENT_OUTPUTS))
@@ -434,22 +519,22 @@ def linear_grad_input(g: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torc
     return gx
 
 
-def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor | Events, k: torch.Tensor, P: int, reach: int
+def linear_grad_taps(g: torch.Tensor, xs: torch.Tensor | EventList, k: torch.Tensor, P: int, reach: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S0, S1)``, each ``[J, I]``: the input at ``-k`` and at ``-k-1`` steps, summed against ``g`` over
     (t, b); the weight's gradient is ``(1 - f) S0 + f S1``, the delay's ``w (S1 - S0)``. ``xs``: the input, for the
-    dense kernel, or its events (:func:`nonzero_events`), for the event kernel."""
+    dense kernel, or its by-input list of events (:func:`list_events`), for the event kernel."""
     T, B, J = g.shape
     L, _, I = xs.shape
     if not J * I:
         return g.new_empty((J, I)), g.new_empty((J, I))
-    if isinstance(xs, Events):
+    if isinstance(xs, EventList):
         if not xs.values.numel():
             return g.new_zeros((J, I)), g.new_zeros((J, I))
         _int32(L * B * I, T * B * J)
         parts = _blocks(B, EVENT_ROWS)
         p0, p1 = g.new_empty((parts, J, I)), g.new_empty((parts, J, I))
-        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES), parts)](*_sorted(xs, (2, 1, 0)),
+        _linear_grad_taps_events[(I, _blocks(J, EVENT_SYNAPSES), parts)](*xs[:4],
                                                                         _time_major(g.contiguous(), 0, T),
                                                                         k.contiguous(), p0, p1,
                                                                         T, B, I, J, P, BLOCK_J=EVENT_SYNAPSES,

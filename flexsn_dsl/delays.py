@@ -70,7 +70,8 @@ def _shifts(k: torch.Tensor) -> list[int]:
 
 class _DelayLinearFn(torch.autograd.Function):
     """``y [T, B, J]`` from ``xs [P + T, B, I]`` (``P`` steps of history first); saves the parameters and, where
-    the weight's or the delay's gradient is wanted, ``xs`` or (where the tap gradients take events) its events."""
+    the weight's or the delay's gradient is wanted, ``xs`` or (where the tap gradients take events) its events'
+    by-input list."""
 
     @staticmethod
     def forward(ctx, xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, bias: torch.Tensor | None,
@@ -95,11 +96,12 @@ class _DelayLinearFn(torch.autograd.Function):
         choice = kernels.event_kernels(xw, reach)
         want_taps = any(ctx.needs_input_grad[1:3])
         ctx.events = want_taps and choice.taps  # (the backward's tap gradients follow this choice)
-        events = kernels.nonzero_events(xw, choice.count) if choice.forward or ctx.events else None
-        ctx.save_for_backward(*(events[:2] if ctx.events else (xs,) if want_taps else ()), weight, delay)
+        by_step, by_input = kernels.list_events(xw, choice.counts, choice.forward, ctx.events) if (
+            choice.forward or ctx.events) else (None, None)
+        ctx.save_for_backward(*(by_input[:4] if ctx.events else (xs,) if want_taps else ()), weight, delay)
         y = kernels.linear_forward(xw, a.to(work).contiguous(), c.to(work).contiguous(),
                                    k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P,
-                                   reach, events if choice.forward else None)
+                                   reach, by_step)
         return y.to(xs.dtype)
 
     @staticmethod
@@ -132,7 +134,7 @@ class _DelayLinearFn(torch.autograd.Function):
                                                    reach)
                 grad_x = grad_x.to(ctx.dtype)
             if want_w or want_d:
-                source = kernels.Events(*kept, ctx.shape) if ctx.events else kept[0].to(work).contiguous()
+                source = kernels.EventList(*kept, ctx.shape) if ctx.events else kept[0].to(work).contiguous()
                 s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, source, ki, P, reach))
         grad_w = (1 - f) * s0 + f * s1 if want_w else None
         grad_d = torch.where(inside, weight * (s1 - s0), 0) if want_d else None

@@ -4,6 +4,7 @@ interpreter on the CPU), fractional and whole steps, delays clamped at 0 and max
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -196,24 +197,33 @@ def test_time_major_rows_hold_the_input_between_zeros():
     assert torch.equal(_time_major(x, 4, want.shape[2]), want)
 
 
-def test_events_are_the_nonzero_entries_sorted_by_each_order():
-    """The event kernels' lists: the nonzero entries of ``xs`` in the order of each permutation of its axes (the
-    forward's (b, s, i), the tap gradients' (i, b, s)), as nonzero() of the permuted tensor lists them, and the
-    first event of each group of the first two axes; their count, summed over blocks, is nonzero()'s."""
-    from flexsn_dsl.delay_kernels import COUNT_BLOCK, _count_nonzero, _sorted, nonzero_events
-    xs = _sparse((7, 3, 5), 0.3, 3)
-    events = nonzero_events(xs.contiguous(), int(xs.count_nonzero()))
-    for order in ((1, 0, 2), (2, 1, 0)):
+@pytest.mark.parametrize("asked", [(True, True), (True, False), (False, True)])
+def test_events_are_listed_in_each_kernels_order(asked, monkeypatch):
+    """The event kernels' lists: the nonzero entries of ``xs`` in the order of each kernel, as nonzero() of the
+    permuted tensor lists them (the forward's (b, s, i), the tap gradients' (i, b, s)), and the first event of each
+    group of the first two axes; their count is nonzero()'s. Inputs and steps span several listing programs, the
+    last of each partly outside ``xs``; values of either sign and NaN are events."""
+    from flexsn_dsl import delay_kernels
+    monkeypatch.setattr(delay_kernels, "LIST_INPUTS", 4)
+    monkeypatch.setattr(delay_kernels, "LIST_STEPS", 2)
+    monkeypatch.setattr(delay_kernels, "LIST_CHUNK", 6)
+    xs = _sparse((17, 3, 10), 0.3, 3) * torch.randn(17, 3, 10, dtype=F64)
+    xs[4, 1, 9] = math.nan
+    counts = delay_kernels.count_events(xs)
+    assert counts.count == int(xs.count_nonzero()) > 0
+    lists = delay_kernels.list_events(xs, counts, *asked)
+    for wanted, listed, order in zip(asked, lists, ((1, 0, 2), (2, 1, 0))):
+        if not wanted:
+            assert listed is None
+            continue
         moved = xs.permute(order)
-        start, second, third, values = _sorted(events, order)
         want = moved.nonzero()
-        assert torch.equal(second.long(), want[:, 1]) and torch.equal(third.long(), want[:, 2])
-        assert torch.equal(values, moved[tuple(want.T)])
+        assert torch.equal(listed.second.long(), want[:, 1]) and torch.equal(listed.third.long(), want[:, 2])
+        assert torch.equal(listed.values.nan_to_num(7.0), moved[tuple(want.T)].nan_to_num(7.0))
         groups = want[:, 0] * moved.shape[1] + want[:, 1]
         firsts = [int((groups < g).sum()) for g in range(moved.shape[0] * moved.shape[1] + 1)]
-        assert start.tolist() == firsts and start.dtype == torch.int32
-    big = _sparse((COUNT_BLOCK + 7, 1, 2), 0.2, 4)
-    assert _count_nonzero(big) == int(big.count_nonzero()) > 0 and _count_nonzero(big[:0]) == 0
+        assert listed.start.tolist() == firsts and listed.start.dtype == torch.int32 and listed.shape == xs.shape
+    assert delay_kernels.count_events(xs[:0]).count == 0 == delay_kernels.count_events(torch.zeros(3, 2, 5)).count
 
 
 def test_event_kernels_are_chosen_per_kernel_by_density_and_reach(monkeypatch):
@@ -226,12 +236,13 @@ def test_event_kernels_are_chosen_per_kernel_by_density_and_reach(monkeypatch):
     x = torch.zeros(50, 4, 10)
     x.view(-1)[::100] = 1.0  # (20 of 2,000)
     steps = delay_kernels.EVENT_STEPS
-    assert delay_kernels.event_kernels(x, steps // 4) == (True, True, 20)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
-    assert delay_kernels.event_kernels(x, 2 * steps) == (False, True, 20)  # 0.01 x (1 + 0.5 x 3) = 0.025
+    assert delay_kernels.event_kernels(x, steps // 4)[:2] == (True, True)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
+    assert delay_kernels.event_kernels(x, 2 * steps)[:2] == (False, True)  # 0.01 x (1 + 0.5 x 3) = 0.025
     _thresholds(monkeypatch, 0.021, 0.005)
-    assert delay_kernels.event_kernels(x, 1) == (True, False, 20)
+    choice = delay_kernels.event_kernels(x, 1)
+    assert choice[:2] == (True, False) and choice.counts.count == 20
     _thresholds(monkeypatch, 0.0, 0.0)
-    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1)[:2] == (False, False)
+    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1) == (False, False, None)
 
 
 @pytest.mark.parametrize("T", [6, 2])
@@ -266,7 +277,7 @@ def test_a_sparse_input_is_kept_as_its_events_and_the_hidden_spikes_by_nothing(m
     x = _sparse((6, 2, 4), 0.2, 5)
     layer = _layer("triton", DELAYS, 3.0)
     _, packed = _saved_pointers(lambda: layer(x))
-    assert x.data_ptr() not in packed and len(packed) == 4  # (indices, values, weight, delay)
+    assert x.data_ptr() not in packed and len(packed) == 6  # (the by-input list: 4, weight, delay)
     layer.requires_grad_(False)
     leaf = x.clone().requires_grad_()  # (the input's gradient only)
     _, packed = _saved_pointers(lambda: layer(leaf))

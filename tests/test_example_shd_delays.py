@@ -109,3 +109,17 @@ def test_delay_bench_memory_finds_the_blocks_live_at_the_peak(monkeypatch):
     peak, groups = delay_bench.peak_blocks(events)
     assert peak == 550
     assert groups == [("delay_kernels.py:10 f", 350, 2), ("delays.py:20 f", 200, 1)]
+
+
+def test_delay_bench_idle_gaps_between_overlapping_kernels(monkeypatch):
+    """--profile's idle time of the GPU: kernels that overlap count once as busy; a gap is measured from the end of
+    the last kernel that ran before it (not the last one started), and named by the kernels around it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import delay_bench
+    text = delay_bench.idle_gaps([(100, 110, "d"), (0, 10, "a"), (30, 50, "b"), (35, 40, "c"), (55, 60, "e")],
+                                 least=10)
+    lines = text.splitlines()
+    assert lines[0].startswith("device busy 0.04 ms of 0.11 ms") and "idle 0.07 ms, 0.06 ms of it in 2 gaps" in lines[0]
+    assert [line.split() for line in lines[1:]] == [["40.0", "us", "after", "e", "before", "d"],
+                                                     ["20.0", "us", "after", "a", "before", "b"]]
+    assert delay_bench.idle_gaps([]) == "no device events recorded"
