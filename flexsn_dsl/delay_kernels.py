@@ -381,7 +381,7 @@ def _listing(xs: torch.Tensor) -> tuple[tuple[int, int], int, int]:
 
 def count_events(xs: torch.Tensor) -> EventCounts:
     """The nonzero entries (events) of ``xs [L, B, I]`` (contiguous), counted per listing program in one pass, and
-    where each program's start in each list (summed on the GPU; their number read back: one wait)."""
+    where each program's events start in each list (summed on the GPU; their number read back: one wait)."""
     L, B, I = xs.shape
     grid, blocks, chunks = _listing(xs)
     by_step = xs.new_zeros(B * L * blocks + 1, dtype=torch.int32)
