@@ -14,7 +14,8 @@ forces the dense ones, 1 the event ones): run it at both ends to see what the ev
 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled as its
 comment says) and ``EVENT_TAPS``; ``--blocks`` times the first layer's event forward alone at each longest delay in
 blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``EVENT_STEPS``. ``--profile`` prints instead
-where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most time), and ``--memory`` what
+where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most time) and where the GPU waits
+(the time between its kernels, the longest gaps with the kernels around them), and ``--memory`` what
 is live at its peak of GPU memory, by the line that allocated it (the CUDA allocator's history). ``--quick`` runs
 CPU-sized shapes with the torch backends (checks the script only).
 
