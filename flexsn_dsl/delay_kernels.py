@@ -417,19 +417,20 @@ def list_events(xs: torch.Tensor, counts: EventCounts, by_step: bool, by_input: 
     ``xs`` writes both, nothing waiting for the GPU."""
     L, B, I = xs.shape
     grid, blocks, chunks = _listing(xs)
+    n = counts.count
 
-    def new(asked: bool, offsets: torch.Tensor, every: int) -> list[torch.Tensor]:
-        if not asked:
-            return [offsets[:1]] * 4  # (not written: a placeholder argument)
-        return [offsets[::every].contiguous(), *(offsets.new_empty(counts.count) for _ in range(2)),
-                xs.new_empty(counts.count)]
-    step, inputs = new(by_step, counts.by_step, blocks), new(by_input, counts.by_input, chunks)
-    if counts.count and (by_step or by_input):
-        _linear_list_events[grid](xs, counts.by_step, counts.by_input, *step[1:], *inputs[1:], L, B, I,
-                                  STEP_LIST=by_step, INPUT_LIST=by_input, BLOCK_S=LIST_STEPS, BLOCK_I=LIST_INPUTS,
-                                  CHUNK=LIST_CHUNK, num_warps=4)
-    shape = (L, B, I)
-    return (EventList(*step, shape) if by_step else None), (EventList(*inputs, shape) if by_input else None)
+    def new(offsets: torch.Tensor, every: int) -> EventList:
+        return EventList(offsets[::every].contiguous(), offsets.new_empty(n), offsets.new_empty(n), xs.new_empty(n),
+                         (L, B, I))
+    step = new(counts.by_step, blocks) if by_step else None
+    inputs = new(counts.by_input, chunks) if by_input else None
+    if n and (by_step or by_input):
+        unused = [counts.by_step[:1]] * 3  # (the arguments of a list not asked for: never written)
+        _linear_list_events[grid](xs, counts.by_step, counts.by_input, *(step[1:4] if step else unused),
+                                  *(inputs[1:4] if inputs else unused), L, B, I, STEP_LIST=by_step,
+                                  INPUT_LIST=by_input, BLOCK_S=LIST_STEPS, BLOCK_I=LIST_INPUTS, CHUNK=LIST_CHUNK,
+                                  num_warps=4)
+    return step, inputs
 
 
 def _time_major(x: torch.Tensor, before: int, steps: int) -> torch.Tensor:
