@@ -256,14 +256,13 @@ def _channel_grad_delay(g, xs, k, part, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _events_tile(x, p, block, s0, L, B, I, BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr, CHUNK: tl.constexpr):
-    """A listing program's tile at step ``s0`` of its chunk (program ``p`` over (b, chunk), ``block`` of inputs): (b,
-    its steps s, inputs i, ``x[s, b, i]``, 1 where that is nonzero and 0 elsewhere (int32))."""
+def _events_tile(x, p, i, s0, L, B, I, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr):
+    """A listing program's tile at step ``s0`` of its chunk (program ``p`` over (b, chunk), its inputs ``i``): (b,
+    its steps s, ``x[s, b, i]``, 1 where that is nonzero and 0 elsewhere (int32))."""
     chunks = tl.cdiv(L, CHUNK)
     b, s = p // chunks, p % chunks * CHUNK + s0 + tl.arange(0, BLOCK_S)
-    i = block * BLOCK_I + tl.arange(0, BLOCK_I)
     v = tl.load(x + (s[:, None] * B + b) * I + i[None, :], mask=(s < L)[:, None] & (i < I)[None, :], other=0)
-    return b, s, i, v, (v != 0).to(tl.int32)
+    return b, s, v, (v != 0).to(tl.int32)
 
 
 @triton.jit
@@ -276,7 +275,7 @@ def _linear_count_events(x, by_step, by_input, L, B, I, BLOCK_S: tl.constexpr, B
     i = block * BLOCK_I + tl.arange(0, BLOCK_I)
     seen = tl.zeros((BLOCK_I,), dtype=tl.int32)
     for s0 in range(0, CHUNK, BLOCK_S):
-        b, s, _, _, n = _events_tile(x, p, block, s0, L, B, I, BLOCK_S, BLOCK_I, CHUNK)
+        b, s, _, n = _events_tile(x, p, i, s0, L, B, I, BLOCK_S, CHUNK)
         tl.store(by_step + (b * L + s) * blocks + block, tl.sum(n, axis=1), mask=s < L)
         seen += tl.sum(n, axis=0)
     tl.store(by_input + (i * B + p // chunks) * chunks + p % chunks, seen, mask=i < I)
@@ -295,7 +294,7 @@ def _linear_list_events(x, by_step, by_input, step_s, step_i, step_v, input_b, i
     i = block * BLOCK_I + tl.arange(0, BLOCK_I)
     at_input = tl.load(by_input + (i * B + p // chunks) * chunks + p % chunks, mask=i < I, other=0)
     for s0 in range(0, CHUNK, BLOCK_S):
-        b, s, i, v, n = _events_tile(x, p, block, s0, L, B, I, BLOCK_S, BLOCK_I, CHUNK)
+        b, s, v, n = _events_tile(x, p, i, s0, L, B, I, BLOCK_S, CHUNK)
         has = n != 0
         if STEP_LIST:
             at = tl.load(by_step + (b * L + s) * blocks + block, mask=s < L, other=0)[:, None] + tl.cumsum(n, 1) - n
