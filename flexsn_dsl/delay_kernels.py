@@ -356,18 +356,20 @@ class EventChoice(NamedTuple):
     counts: EventCounts | None
 
 
-def event_kernels(xs: torch.Tensor, reach: int) -> EventChoice:
+def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int) -> EventChoice:
     """Whether the event kernels take the forward and the tap gradients of ``xs`` (taps reaching ``reach`` steps
-    back), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``). Counting its events waits for the GPU, so a call
-    counts once (its backward follows the forward's choice), and never while a CUDA graph is captured or
-    torch.compile traces (the dense kernels, which wait for nothing, run there)."""
+    back, ``steps`` output steps of ``outputs`` outputs), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``); the
+    forward only where the batch gives it ``EVENT_PROGRAMS`` programs or more. Counting its events waits for the
+    GPU, so a call counts once (its backward follows the forward's choice), and never while a CUDA graph is
+    captured or torch.compile traces (the dense kernels, which wait for nothing, run there)."""
     if (EVENT_FORWARD <= 0 and EVENT_TAPS <= 0) or torch.compiler.is_compiling() or (
             xs.is_cuda and torch.cuda.is_current_stream_capturing()):
         return EventChoice(False, False, None)
     counts = count_events(xs)
     density = counts.count / max(xs.numel(), 1)
     per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
-    return EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD,
+    programs = xs.shape[1] * _blocks(outputs, EVENT_OUTPUTS) * _blocks(steps, EVENT_STEPS)
+    return EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD and programs >= EVENT_PROGRAMS,
                        EVENT_TAPS > 0 and density <= EVENT_TAPS, counts)
 
 
@@ -475,12 +477,11 @@ def _check(reach: int, P: int, *sizes: int) -> None:
 def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None,
                    T: int, P: int, reach: int, events: EventList | None = None) -> torch.Tensor:
     """``y [T, B, J]`` of the delayed linear map (the module's forward, see the module docstring), ``reach`` > every
-    ``k``; ``events``: ``xs``'s by-step list (:func:`list_events`), for the event kernel (None: the dense one), where the
-    batch gives it ``EVENT_PROGRAMS`` programs or more."""
+    ``k``; ``events``: ``xs``'s by-step list (:func:`list_events`), for the event kernel (None: the dense one)."""
     L, B, I = xs.shape
     J = a.shape[0]
-    grid = (B, _blocks(J, EVENT_OUTPUTS), _blocks(T, EVENT_STEPS))
-    if events is not None and grid[0] * grid[1] * grid[2] >= EVENT_PROGRAMS and T * B * J:
+    if events is not None and T * B * J:
+        grid = (B, _blocks(J, EVENT_OUTPUTS), _blocks(T, EVENT_STEPS))
         _check(reach, P, L * B * I, T * B * J)
         y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
         if events.values.numel():

@@ -93,7 +93,7 @@ class _DelayLinearFn(torch.autograd.Function):
         kernels = _kernels()
         reach = math.floor(max_delay) + 1
         xw = xs.to(work).contiguous()
-        choice = kernels.event_kernels(xw, reach)
+        choice = kernels.event_kernels(xw, reach, T, weight.shape[0])
         want_taps = any(ctx.needs_input_grad[1:3])
         ctx.events = want_taps and choice.taps  # (the backward's tap gradients follow this choice)
         by_step, by_input = kernels.list_events(xw, choice.counts, choice.forward, ctx.events) if (

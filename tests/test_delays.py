@@ -228,21 +228,23 @@ def test_events_are_listed_in_each_kernels_order(asked, monkeypatch):
 
 def test_event_kernels_are_chosen_per_kernel_by_density_and_reach(monkeypatch):
     """The forward's events where density x (1 + EVENT_READ (EVENT_STEPS + reach) / EVENT_STEPS) is at most
-    EVENT_FORWARD, the tap gradients' where the density is at most EVENT_TAPS: one count of an input with exactly
-    1 % ones."""
+    EVENT_FORWARD and the batch gives the event forward EVENT_PROGRAMS programs, the tap gradients' where the
+    density is at most EVENT_TAPS: one count of an input with exactly 1 % ones."""
     from flexsn_dsl import delay_kernels
     monkeypatch.setattr(delay_kernels, "EVENT_READ", 0.5)
     _thresholds(monkeypatch, 0.021, 0.05)
     x = torch.zeros(50, 4, 10)
     x.view(-1)[::100] = 1.0  # (20 of 2,000)
     steps = delay_kernels.EVENT_STEPS
-    assert delay_kernels.event_kernels(x, steps // 4)[:2] == (True, True)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
-    assert delay_kernels.event_kernels(x, 2 * steps)[:2] == (False, True)  # 0.01 x (1 + 0.5 x 3) = 0.025
+    many = (steps + 1, delay_kernels.EVENT_PROGRAMS // 8 * delay_kernels.EVENT_OUTPUTS)  # (4 x 16 x 2 programs)
+    assert delay_kernels.event_kernels(x, steps // 4, *many)[:2] == (True, True)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
+    assert delay_kernels.event_kernels(x, 2 * steps, *many)[:2] == (False, True)  # 0.01 x (1 + 0.5 x 3) = 0.025
+    assert delay_kernels.event_kernels(x, steps // 4, steps, many[1])[:2] == (False, True)  # (half the programs)
     _thresholds(monkeypatch, 0.021, 0.005)
-    choice = delay_kernels.event_kernels(x, 1)
+    choice = delay_kernels.event_kernels(x, 1, *many)
     assert choice[:2] == (True, False) and choice.counts.count == 20
     _thresholds(monkeypatch, 0.0, 0.0)
-    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1) == (False, False, None)
+    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1, *many) == (False, False, None)
 
 
 @pytest.mark.parametrize("T", [6, 2])
