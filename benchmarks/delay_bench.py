@@ -127,30 +127,38 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
     key = "self_device_time_total" if x.is_cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
     if x.is_cuda:
-        print(idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                         if e.device_type == torch.autograd.DeviceType.CUDA]))
+        spans = [(e.time_range.start, e.time_range.end, e.name, e.device_type) for e in prof.events()]
+        print(idle_gaps([span[:3] for span in spans if span[3] == torch.autograd.DeviceType.CUDA],
+                        [span[:3] for span in spans if span[3] == torch.autograd.DeviceType.CPU
+                         and span[2].startswith("cuda")]))
 
 
-def idle_gaps(spans: list[tuple[float, float, str]], rows: int = 8, least: float = 10.0) -> str:
+def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, float, str]] = (), rows: int = 8,
+              least: float = 10.0) -> str:
     """Where the GPU waits within a step: from its kernels' ``(start, end, name)`` (microseconds), the time
     between the first start and the last end, the time some kernel runs, and the ``rows`` longest gaps of at least
-    ``least`` microseconds between them, each with the kernels around it."""
+    ``least`` microseconds between them, each with the kernels around it and the ``host`` calls (the CUDA runtime's,
+    same form) of ``least`` or more that overlap it: a ``cudaMalloc`` or a synchronisation there says why the GPU
+    waited, none says the host was busy in Python or torch."""
     if not spans:
         return "no device events recorded"
     spans = sorted(spans)
     gaps, busy, end, before = [], 0.0, spans[0][0], spans[0][2]
     for start, stop, name in spans:
         if start - end >= least:
-            gaps.append((start - end, before, name))
+            gaps.append((start - end, before, name, end, start))
         busy += max(0.0, stop - max(start, end))
         if stop > end:
             end, before = stop, name
     span = end - spans[0][0]
     lines = [f"device busy {busy / 1e3:.2f} ms of {span / 1e3:.2f} ms from the first kernel to the last; idle "
-             f"{(span - busy) / 1e3:.2f} ms, {sum(g for g, _, _ in gaps) / 1e3:.2f} ms of it in {len(gaps)} gaps of "
+             f"{(span - busy) / 1e3:.2f} ms, {sum(g[0] for g in gaps) / 1e3:.2f} ms of it in {len(gaps)} gaps of "
              f"{least:g} us or more; the longest:"]
-    lines += [f"  {gap:8.1f} us  after {before[:50]}  before {after[:50]}"
-              for gap, before, after in sorted(gaps, reverse=True)[:rows]]
+    for gap, before, after, first, last in sorted(gaps, reverse=True)[:rows]:
+        calls = sorted((stop - start, name) for start, stop, name in host
+                       if stop - start >= least and min(stop, last) > max(start, first))
+        lines.append(f"  {gap:8.1f} us  after {before[:50]}  before {after[:50]}; host: "
+                     + (", ".join(f"{name} {took:.0f} us" for took, name in calls[::-1][:3]) or "no CUDA call"))
     return "\n".join(lines)
 
 

@@ -90,9 +90,14 @@ EVENT_PROGRAMS = 128
 EVENT_OUTPUTS = 32
 EVENT_STEPS = 64
 TAP_EVENTS = 16  # events an event tap-gradient program loads at once (1 to 16: 8.2 to 7.5 ms at density 0.01)
-LIST_INPUTS = 128  # inputs of an event-listing program (count_events, list_events): one contiguous row a step
-LIST_STEPS = 16  # steps of its tile
-LIST_CHUNK = 256  # steps of a listing program, in tiles of LIST_STEPS
+LIST_INPUTS = 128  # inputs of an event-counting or listing program (count_events, list_events): a row a step
+LIST_CHUNK = 256  # steps of such a program, in tiles of COUNT_STEPS (counting) or LIST_STEPS (listing) steps
+COUNT_STEPS = 16
+# the listing walks its steps one at a time in one warp: both lists of SHD's input at 1 % (1,383 x 256 x 700) took
+# 1.18 ms on an H100 so, 2.49 ms in tiles of 16 steps and 4 warps (the by-step list alone: 0.78 against 1.97 ms),
+# 1.26 to 25.7 ms in the 16 other shapes tried, tiles of 1 to 32 steps in 1 to 4 warps (BENCHMARKS.md)
+LIST_STEPS = 1
+LIST_WARPS = 1
 EVENT_ROWS = 32  # batch rows of an event tap-gradient program (its partial sums summed after: shorter chains)
 ROWS = 32  # rows (t, b) of a channel kernel's tile
 COLS = 32  # channels of a channel kernel's tile
@@ -391,7 +396,7 @@ def count_events(xs: torch.Tensor) -> EventCounts:
         return EventCounts(0, by_step, by_input)
     _int32(xs.numel(), len(by_step), len(by_input))
     per_step, per_input = torch.empty_like(by_step[1:]), torch.empty_like(by_input[1:])
-    _linear_count_events[grid](xs, per_step, per_input, L, B, I, BLOCK_S=LIST_STEPS, BLOCK_I=LIST_INPUTS,
+    _linear_count_events[grid](xs, per_step, per_input, L, B, I, BLOCK_S=COUNT_STEPS, BLOCK_I=LIST_INPUTS,
                                CHUNK=LIST_CHUNK, num_warps=4)
     torch.cumsum(per_step, 0, dtype=torch.int32, out=by_step[1:])
     torch.cumsum(per_input, 0, dtype=torch.int32, out=by_input[1:])
@@ -430,7 +435,7 @@ def list_events(xs: torch.Tensor, counts: EventCounts, by_step: bool, by_input: 
         _linear_list_events[grid](xs, counts.by_step, counts.by_input, *(step[1:4] if step else unused),
                                   *(inputs[1:4] if inputs else unused), L, B, I, STEP_LIST=by_step,
                                   INPUT_LIST=by_input, BLOCK_S=LIST_STEPS, BLOCK_I=LIST_INPUTS, CHUNK=LIST_CHUNK,
-                                  num_warps=4)
+                                  num_warps=LIST_WARPS)
     return step, inputs
 
 

@@ -202,16 +202,23 @@ def test_events_are_listed_in_each_kernels_order(asked, monkeypatch):
     """The event kernels' lists: the nonzero entries of ``xs`` in the order of each kernel, as nonzero() of the
     permuted tensor lists them (the forward's (b, s, i), the tap gradients' (i, b, s)), and the first event of each
     group of the first two axes; their count is nonzero()'s. Inputs and steps span several listing programs, the
-    last of each partly outside ``xs``; values of either sign and NaN are events."""
+    last of each partly outside ``xs``; values of either sign and NaN are events. The counting and the listing
+    programs walk their steps in tiles of their own (the listing's of one step, then of two)."""
     from flexsn_dsl import delay_kernels
     monkeypatch.setattr(delay_kernels, "LIST_INPUTS", 4)
-    monkeypatch.setattr(delay_kernels, "LIST_STEPS", 2)
-    monkeypatch.setattr(delay_kernels, "LIST_CHUNK", 6)
+    monkeypatch.setattr(delay_kernels, "COUNT_STEPS", 4)
+    monkeypatch.setattr(delay_kernels, "LIST_CHUNK", 8)
     xs = _sparse((17, 3, 10), 0.3, 3) * torch.randn(17, 3, 10, dtype=F64)
     xs[4, 1, 9] = math.nan
     counts = delay_kernels.count_events(xs)
     assert counts.count == int(xs.count_nonzero()) > 0
+    monkeypatch.setattr(delay_kernels, "LIST_STEPS", 1)
+    one = delay_kernels.list_events(xs, counts, *asked)
+    monkeypatch.setattr(delay_kernels, "LIST_STEPS", 2)
     lists = delay_kernels.list_events(xs, counts, *asked)
+    for a, b in zip(one, lists):
+        assert (a is None) == (b is None) and (a is None or all(
+            torch.equal(u, v) for u, v in zip(a[:3], b[:3])) and torch.equal(*(c.values.nan_to_num(7.0) for c in (a, b))))
     for wanted, listed, order in zip(asked, lists, ((1, 0, 2), (2, 1, 0))):
         if not wanted:
             assert listed is None

@@ -575,7 +575,7 @@ def test_round_trip_through_a_file(backend, tmp_path):
     nir.write(tmp_path / "net.nir", graph)
     back = from_nir(tmp_path / "net.nir", dt=1.0, backend=backend).to(DTYPE)
     want = net(x)
-    assert (want.sum((0, 1)) > 0).all() and (want == 0).sum() > 0
+    assert want.sum() > 0 and (want == 0).sum() > 0
     assert torch.equal(back(x), want)
 
 
