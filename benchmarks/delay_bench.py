@@ -25,6 +25,8 @@ CPU-sized shapes with the torch backends (checks the script only).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import statistics
 import sys
 import time
@@ -120,7 +122,7 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
     step = training_step(net, x, labels)
     step()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if x.is_cuda else [])
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities) as prof, collections_profiled():
         step()
         if x.is_cuda:
             torch.cuda.synchronize()
@@ -130,16 +132,35 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
         spans = [(e.time_range.start, e.time_range.end, e.name, e.device_type) for e in prof.events()]
         print(idle_gaps([span[:3] for span in spans if span[3] == torch.autograd.DeviceType.CUDA],
                         [span[:3] for span in spans if span[3] == torch.autograd.DeviceType.CPU
-                         and span[2].startswith("cuda")]))
+                         and span[2].startswith(("cuda", "gc gen"))]))
+
+
+@contextlib.contextmanager
+def collections_profiled():
+    """Python's garbage collections inside the block, each a profiler span named ``gc gen<N>`` (N: the oldest
+    generation collected), so that a step's profile shows a collection that holds up the host."""
+    running = []
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            running.append(torch.profiler.record_function(f"gc gen{info['generation']}"))
+            running[-1].__enter__()
+        elif running:
+            running.pop().__exit__(None, None, None)
+    gc.callbacks.append(note)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(note)
 
 
 def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, float, str]] = (), rows: int = 8,
               least: float = 10.0) -> str:
     """Where the GPU waits within a step: from its kernels' ``(start, end, name)`` (microseconds), the time
     between the first start and the last end, the time some kernel runs, and the ``rows`` longest gaps of at least
-    ``least`` microseconds between them, each with the kernels around it and the ``host`` calls (the CUDA runtime's,
-    same form) of ``least`` or more that overlap it: a ``cudaMalloc`` or a synchronisation there says why the GPU
-    waited, none says the host was busy in Python or torch."""
+    ``least`` microseconds between them, each with the kernels around it and the ``host`` spans (the CUDA runtime's
+    calls and Python's garbage collections, same form) of ``least`` or more that overlap it: a ``cudaMalloc``, a
+    synchronisation or a collection there says why the GPU waited, none says the host was busy in Python or torch."""
     if not spans:
         return "no device events recorded"
     spans = sorted(spans)
@@ -158,7 +179,7 @@ def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, flo
         calls = sorted((stop - start, name) for start, stop, name in host
                        if stop - start >= least and min(stop, last) > max(start, first))
         lines.append(f"  {gap:8.1f} us  after {before[:50]}  before {after[:50]}; host: "
-                     + (", ".join(f"{name} {took:.0f} us" for took, name in calls[::-1][:3]) or "no CUDA call"))
+                     + (", ".join(f"{name} {took:.0f} us" for took, name in calls[::-1][:3]) or "nothing recorded"))
     return "\n".join(lines)
 
 

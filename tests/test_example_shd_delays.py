@@ -114,7 +114,8 @@ def test_delay_bench_memory_finds_the_blocks_live_at_the_peak(monkeypatch):
 def test_delay_bench_idle_gaps_between_overlapping_kernels(monkeypatch):
     """--profile's idle time of the GPU: kernels that overlap count once as busy; a gap is measured from the end of
     the last kernel that ran before it (not the last one started), named by the kernels around it, and given the
-    host's CUDA calls of at least ``least`` microseconds that overlap it, longest first."""
+    host's spans (CUDA calls, garbage collections) of at least ``least`` microseconds that overlap it, longest
+    first."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import delay_bench
     host = [(62, 95, "cudaMalloc"), (58, 61, "cudaLaunchKernel"), (57, 70, "cudaFree"), (12, 19, "cudaMalloc"),
@@ -125,5 +126,21 @@ def test_delay_bench_idle_gaps_between_overlapping_kernels(monkeypatch):
     assert lines[0].startswith("device busy 0.04 ms of 0.11 ms") and "idle 0.07 ms, 0.06 ms of it in 2 gaps" in lines[0]
     assert [line.split() for line in lines[1:]] == [
         ["40.0", "us", "after", "e", "before", "d;", "host:", "cudaMalloc", "33", "us,", "cudaFree", "13", "us"],
-        ["20.0", "us", "after", "a", "before", "b;", "host:", "no", "CUDA", "call"]]
+        ["20.0", "us", "after", "a", "before", "b;", "host:", "nothing", "recorded"]]
     assert delay_bench.idle_gaps([]) == "no device events recorded"
+
+
+def test_delay_bench_profiles_garbage_collections(monkeypatch):
+    """--profile records each garbage collection in its block as a span named by the oldest generation it
+    collects (what idle_gaps names in a gap), and none after the block."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gc
+
+    import delay_bench
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with delay_bench.collections_profiled():
+            gc.collect(1)
+            gc.collect(2)
+        gc.collect(0)
+    names = [e.name for e in prof.events() if e.name.startswith("gc gen")]
+    assert names == ["gc gen1", "gc gen2"]
