@@ -13,14 +13,17 @@ forces the dense ones, 1 the event ones): run it at both ends to see what the ev
 ``--kernels`` times the kernels alone, dense against event, at input densities from 0.2 % to 20 % (layer shapes
 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled as its
 comment says) and ``EVENT_TAPS``; ``--blocks`` times the first layer's event forward alone at each longest delay in
-blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``EVENT_STEPS``. ``--profile`` prints instead
-where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most time) and where the GPU waits
-(the time between its kernels, the longest gaps with the kernels around them), and ``--memory`` what
+blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``EVENT_STEPS``; ``--listing`` the listing of
+its input's events in tiles of several shapes: the measurement behind ``LIST_STEPS`` x ``LIST_WARPS``. ``--profile``
+prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most time) and where
+the GPU waits (the time between its kernels, the longest gaps with the kernels around them and what the host did
+there), and ``--memory`` what
 is live at its peak of GPU memory, by the line that allocated it (the CUDA allocator's history). ``--quick`` runs
 CPU-sized shapes with the torch backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
                                      [--event-density D] [--profile] [--memory] [--kernels] [--blocks]
+                                     [--listing]
 """
 from __future__ import annotations
 
@@ -297,6 +300,37 @@ def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bo
         delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS = saved
 
 
+LISTING = ((1, 1), (1, 2), (1, 4), (2, 1), (4, 1), (8, 1), (16, 1), (16, 2), (16, 4), (32, 4))  # (steps, warps)
+
+
+def listing_shapes(T: int, B: int, max_delay: int, density: float, device: str, quick: bool = False) -> None:
+    """``list_events`` of the first layer's input (``max_delay`` steps of history first) in tiles of each shape of
+    ``LISTING`` (steps x warps: ``LIST_STEPS``, ``LIST_WARPS``), both lists and each alone (medians of
+    ``triton.testing.do_bench``), and whether the lists equal those of the package's shape; ``quick``: 24 inputs,
+    one shape, one run."""
+    do_bench = bencher(device)
+    inputs, shapes = (24, [(2, 1)]) if quick else (SIZES[0], LISTING)
+    g = torch.Generator(device).manual_seed(0)
+    xs = (torch.rand(T + max_delay, B, inputs, generator=g, device=device) < density).float()
+    counts = delay_kernels.count_events(xs)
+    want = delay_kernels.list_events(xs, counts, True, True)
+    print(f"input {tuple(xs.shape)}, {counts.count} events; counting them: "
+          f"{do_bench(lambda: delay_kernels.count_events(xs)):.3f} ms")
+    print("| tile (steps x warps) | both lists (ms) | by-step list alone | by-input list alone | the same lists |")
+    print("|---|---|---|---|---|")
+    saved = delay_kernels.LIST_STEPS, delay_kernels.LIST_WARPS
+    try:
+        for delay_kernels.LIST_STEPS, delay_kernels.LIST_WARPS in shapes:
+            got = delay_kernels.list_events(xs, counts, True, True)
+            same = all(torch.equal(u, v) for lists in zip(got, want) for u, v in zip(*(k[:4] for k in lists)))
+            ms = [do_bench(lambda asked=asked: delay_kernels.list_events(xs, counts, *asked))
+                  for asked in ((True, True), (True, False), (False, True))]
+            print(f"| {delay_kernels.LIST_STEPS} x {delay_kernels.LIST_WARPS} | "
+                  + " | ".join(f"{m:.3f}" for m in ms) + f" | {'yes' if same else 'NO'} |", flush=True)
+    finally:
+        delay_kernels.LIST_STEPS, delay_kernels.LIST_WARPS = saved
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-delays", type=int, nargs="+", default=[64, 256, 512])
@@ -312,6 +346,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the kernels alone, dense against event, per input density (at the first longest delay)")
     parser.add_argument("--blocks", action="store_true",
                         help="the event forward of the first layer alone in blocks of several shapes")
+    parser.add_argument("--listing", action="store_true",
+                        help="the first layer's events listed in tiles of several shapes (at the first longest delay)")
     parser.add_argument("--memory", action="store_true",
                         help="what is live at a step's peak of GPU memory, by where it was allocated (CUDA only)")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
@@ -332,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
         return kernel_times(args.T, args.B, args.max_delays[0], device, args.quick)
     if args.blocks:
         return forward_blocks(args.T, args.B, args.max_delays, device, args.quick)
+    if args.listing:
+        return listing_shapes(args.T, args.B, args.max_delays[0], args.density, device, args.quick)
     if args.memory:
         if device != "cuda":
             parser.error("--memory reads the CUDA allocator's history: it needs a GPU")

@@ -279,7 +279,7 @@ def _linear_count_events(x, by_step, by_input, L, B, I, BLOCK_S: tl.constexpr, B
     chunks = tl.cdiv(L, CHUNK)
     i = block * BLOCK_I + tl.arange(0, BLOCK_I)
     seen = tl.zeros((BLOCK_I,), dtype=tl.int32)
-    for s0 in range(0, CHUNK, BLOCK_S):
+    for s0 in range(0, tl.minimum(CHUNK, L - p % chunks * CHUNK), BLOCK_S):  # (the last chunk: its steps only)
         b, s, _, n = _events_tile(x, p, i, s0, L, B, I, BLOCK_S, CHUNK)
         tl.store(by_step + (b * L + s) * blocks + block, tl.sum(n, axis=1), mask=s < L)
         seen += tl.sum(n, axis=0)
@@ -298,7 +298,7 @@ def _linear_list_events(x, by_step, by_input, step_s, step_i, step_v, input_b, i
     chunks = tl.cdiv(L, CHUNK)
     i = block * BLOCK_I + tl.arange(0, BLOCK_I)
     at_input = tl.load(by_input + (i * B + p // chunks) * chunks + p % chunks, mask=i < I, other=0)
-    for s0 in range(0, CHUNK, BLOCK_S):
+    for s0 in range(0, tl.minimum(CHUNK, L - p % chunks * CHUNK), BLOCK_S):  # (the last chunk: its steps only)
         b, s, v, n = _events_tile(x, p, i, s0, L, B, I, BLOCK_S, CHUNK)
         has = n != 0
         if STEP_LIST:
