@@ -54,6 +54,7 @@ only size the longest delay adds, to a transient copy: nothing held for the back
 and the delays are indices. Offsets are int32 (each tensor below 2**31 elements, checked by the host functions)."""
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -261,13 +262,12 @@ def _channel_grad_delay(g, xs, k, part, T, B, C, P, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _events_tile(x, p, i, s0, L, B, I, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr):
-    """A listing program's tile at step ``s0`` of its chunk (program ``p`` over (b, chunk), its inputs ``i``): (b,
-    its steps s, ``x[s, b, i]``, 1 where that is nonzero and 0 elsewhere (int32))."""
-    chunks = tl.cdiv(L, CHUNK)
-    b, s = p // chunks, p % chunks * CHUNK + s0 + tl.arange(0, BLOCK_S)
+def _events_tile(x, b, s0, i, L, B, I, BLOCK_S: tl.constexpr):
+    """Steps ``s0`` to ``s0 + BLOCK_S`` of sample ``b`` at inputs ``i``: (the steps s, ``x[s, b, i]``, 1 where that
+    is nonzero and 0 elsewhere (int32))."""
+    s = s0 + tl.arange(0, BLOCK_S)
     v = tl.load(x + (s[:, None] * B + b) * I + i[None, :], mask=(s < L)[:, None] & (i < I)[None, :], other=0)
-    return b, s, v, (v != 0).to(tl.int32)
+    return s, v, (v != 0).to(tl.int32)
 
 
 @triton.jit
@@ -277,13 +277,14 @@ def _linear_count_events(x, by_step, by_input, L, B, I, BLOCK_S: tl.constexpr, B
     # its chunk of s (a program per (b, chunk of steps), flat, and block of inputs)
     p, block, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     chunks = tl.cdiv(L, CHUNK)
+    b, chunk = p // chunks, p % chunks
     i = block * BLOCK_I + tl.arange(0, BLOCK_I)
     seen = tl.zeros((BLOCK_I,), dtype=tl.int32)
-    for s0 in range(0, tl.minimum(CHUNK, L - p % chunks * CHUNK), BLOCK_S):  # (the last chunk: its steps only)
-        b, s, _, n = _events_tile(x, p, i, s0, L, B, I, BLOCK_S, CHUNK)
+    for s0 in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, L), BLOCK_S):
+        s, _, n = _events_tile(x, b, s0, i, L, B, I, BLOCK_S)
         tl.store(by_step + (b * L + s) * blocks + block, tl.sum(n, axis=1), mask=s < L)
         seen += tl.sum(n, axis=0)
-    tl.store(by_input + (i * B + p // chunks) * chunks + p % chunks, seen, mask=i < I)
+    tl.store(by_input + (i * B + b) * chunks + chunk, seen, mask=i < I)
 
 
 @triton.jit
@@ -296,10 +297,11 @@ def _linear_list_events(x, by_step, by_input, step_s, step_i, step_v, input_b, i
     # the by-step list) and along s (to the by-input list)
     p, block, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     chunks = tl.cdiv(L, CHUNK)
+    b, chunk = p // chunks, p % chunks
     i = block * BLOCK_I + tl.arange(0, BLOCK_I)
-    at_input = tl.load(by_input + (i * B + p // chunks) * chunks + p % chunks, mask=i < I, other=0)
-    for s0 in range(0, tl.minimum(CHUNK, L - p % chunks * CHUNK), BLOCK_S):  # (the last chunk: its steps only)
-        b, s, v, n = _events_tile(x, p, i, s0, L, B, I, BLOCK_S, CHUNK)
+    at_input = tl.load(by_input + (i * B + b) * chunks + chunk, mask=i < I, other=0)
+    for s0 in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, L), BLOCK_S):
+        s, v, n = _events_tile(x, b, s0, i, L, B, I, BLOCK_S)
         has = n != 0
         if STEP_LIST:
             at = tl.load(by_step + (b * L + s) * blocks + block, mask=s < L, other=0)[:, None] + tl.cumsum(n, 1) - n
@@ -361,6 +363,11 @@ class EventChoice(NamedTuple):
     counts: EventCounts | None
 
 
+def _forward_grid(B: int, J: int, T: int) -> tuple[int, int, int]:
+    """The event forward's programs: a sample, a block of ``EVENT_OUTPUTS`` outputs and of ``EVENT_STEPS`` steps."""
+    return B, _blocks(J, EVENT_OUTPUTS), _blocks(T, EVENT_STEPS)
+
+
 def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int) -> EventChoice:
     """Whether the event kernels take the forward and the tap gradients of ``xs`` (taps reaching ``reach`` steps
     back, ``steps`` output steps of ``outputs`` outputs), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``); the
@@ -373,7 +380,7 @@ def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int) -> Eve
     counts = count_events(xs)
     density = counts.count / max(xs.numel(), 1)
     per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
-    programs = xs.shape[1] * _blocks(outputs, EVENT_OUTPUTS) * _blocks(steps, EVENT_STEPS)
+    programs = math.prod(_forward_grid(xs.shape[1], outputs, steps))
     return EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD and programs >= EVENT_PROGRAMS,
                        EVENT_TAPS > 0 and density <= EVENT_TAPS, counts)
 
@@ -486,7 +493,7 @@ def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.
     L, B, I = xs.shape
     J = a.shape[0]
     if events is not None and T * B * J:
-        grid = (B, _blocks(J, EVENT_OUTPUTS), _blocks(T, EVENT_STEPS))
+        grid = _forward_grid(B, J, T)
         _check(reach, P, L * B * I, T * B * J)
         y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
         if events.values.numel():
