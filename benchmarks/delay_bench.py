@@ -120,10 +120,12 @@ def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int
     return statistics.median(times), torch.cuda.max_memory_allocated() if x.is_cuda else 0.0
 
 
-def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 15) -> None:
-    """Where a training step's device time goes: the kernels with the most, after a warm-up step."""
+def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 15, warmup: int = 3) -> None:
+    """Where a training step's device time goes: the kernels with the most, after ``warmup`` steps (Adam makes its
+    state in the first, so the second may still allocate where later steps reuse the allocator's cache)."""
     step = training_step(net, x, labels)
-    step()
+    for _ in range(warmup):
+        step()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if x.is_cuda else [])
     with torch.profiler.profile(activities=activities) as prof, collections_profiled():
         step()
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         for max_delay in args.max_delays:
             print(f"longest delay {max_delay}:")
-            profile(DelayNet(max_delay, "auto", args.gain).to(device), x, labels)
+            profile(DelayNet(max_delay, "auto", args.gain).to(device), x, labels, warmup=1 if args.quick else 3)
         return
     torch.manual_seed(0)
     densities = input_densities(DelayNet(args.max_delays[0], "auto", args.gain).to(device), x)
