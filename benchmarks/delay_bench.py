@@ -3,8 +3,8 @@
 process (``pip install dcls``; skipped when it is not installed), on random spikes of SHD's shapes.
 
 Prints per longest delay and implementation: the training step's time (forward, backward, Adam; median of
-``--repeat`` after a warm-up), one SHD epoch's worth (8,156 samples) at that rate, and the peak GPU memory of a
-step. At initialisation the hidden layers of this network are silent on these inputs (measured on the CPU,
+``--repeat`` after a warm-up, each implementation from an empty allocator cache), one SHD epoch's worth (8,156
+samples) at that rate, and the peak GPU memory of a step. At initialisation the hidden layers of this network are silent on these inputs (measured on the CPU,
 batch 2: the layers' input densities 0.010, 0, 0), so their event kernels have no events; ``--gain G``
 multiplies DelayLinear's initial weights by G to give them activity (16: about 0.015 and 0.035; 24: 0.055 and
 0.20). The script prints each layer's input density. ``--event-density D`` sets the input density up to which
@@ -397,6 +397,9 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             print(f"| {max_delay} | dcls Dcls1d | not installed (pip install dcls) | | |")
         for name, cls in kinds.items():
+            gc.collect()  # (each from an empty allocator: what the run before left cached is not this one's)
+            if device == "cuda":
+                torch.cuda.empty_cache()
             torch.manual_seed(0)
             seconds, peak = step_time(cls(max_delay, "auto").to(device), x, labels, args.repeat)
             epoch = seconds * SHD_TRAIN / args.B
