@@ -4,22 +4,21 @@ process (``pip install dcls``; skipped when it is not installed), on random spik
 
 Prints per longest delay and implementation: the training step's time (forward, backward, Adam; median of
 ``--repeat`` after a warm-up, each implementation from an empty allocator cache), one SHD epoch's worth (8,156
-samples) at that rate, and the peak GPU memory of a step. At initialisation the hidden layers of this network are silent on these inputs (measured on the CPU,
-batch 2: the layers' input densities 0.010, 0, 0), so their event kernels have no events; ``--gain G``
-multiplies DelayLinear's initial weights by G to give them activity (16: about 0.015 and 0.035; 24: 0.055 and
-0.20). The script prints each layer's input density. ``--event-density D`` sets the input density up to which
-DelayLinear takes its event kernels, both ``flexsn_dsl.delay_kernels.EVENT_FORWARD`` and ``EVENT_TAPS`` (0
-forces the dense ones, 1 the event ones): run it at both ends to see what the event kernels give in the network;
-``--kernels`` times the kernels alone, dense against event, at input densities from 0.2 % to 20 % (layer shapes
-700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled as its
-comment says) and ``EVENT_TAPS``; ``--blocks`` times the first layer's event forward alone at each longest delay in
-blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``EVENT_STEPS``; ``--listing`` the listing of
-its input's events in tiles of several shapes: the measurement behind ``LIST_STEPS`` x ``LIST_WARPS``. ``--profile``
-prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most time) and where
-the GPU waits (the time between its kernels, the longest gaps with the kernels around them and what the host did
-there), and ``--memory`` what
-is live at its peak of GPU memory, by the line that allocated it (the CUDA allocator's history). ``--quick`` runs
-CPU-sized shapes with the torch backends (checks the script only).
+samples) at that rate, and the peak GPU memory of a step. At initialisation the hidden layers of this network are
+silent on these inputs (measured on the CPU, batch 2: the layers' input densities 0.010, 0, 0), so their event
+kernels have no events; ``--gain G`` multiplies DelayLinear's initial weights by G to give them activity (16: about
+0.015 and 0.035; 24: 0.055 and 0.20). The script prints each layer's input density. ``--event-density D`` sets the
+input density up to which DelayLinear takes its event kernels, both ``flexsn_dsl.delay_kernels.EVENT_FORWARD`` and
+``EVENT_TAPS`` (0 forces the dense ones, 1 the event ones): run it at both ends to see what the event kernels give
+in the network; ``--kernels`` times the kernels alone, dense against event, at input densities from 0.2 % to 20 %
+(layer shapes 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled
+as its comment says) and ``EVENT_TAPS``; ``--blocks`` times the first layer's event forward alone at each longest
+delay in blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``EVENT_STEPS``; ``--listing`` the
+listing of its input's events in tiles of several shapes: the measurement behind ``LIST_STEPS`` x ``LIST_WARPS``.
+``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most
+time) and where the GPU waits (the time between its kernels, the longest gaps with the kernels around them and what
+the host did there), and ``--memory`` what is live at its peak of GPU memory, by the line that allocated it (the
+CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch backends (checks the script only).
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
                                      [--event-density D] [--profile] [--memory] [--kernels] [--blocks]
