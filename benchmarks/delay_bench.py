@@ -135,8 +135,7 @@ def profile(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, rows: int = 1
     if x.is_cuda:
         spans = [(e.time_range.start, e.time_range.end, e.name, e.device_type) for e in prof.events()]
         print(idle_gaps([span[:3] for span in spans if span[3] == torch.autograd.DeviceType.CUDA],
-                        [span[:3] for span in spans if span[3] == torch.autograd.DeviceType.CPU
-                         and span[2].startswith(("cuda", "gc gen"))]))
+                        [span[:3] for span in spans if span[3] == torch.autograd.DeviceType.CPU]))
 
 
 @contextlib.contextmanager
@@ -162,9 +161,11 @@ def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, flo
               least: float = 10.0) -> str:
     """Where the GPU waits within a step: from its kernels' ``(start, end, name)`` (microseconds), the time
     between the first start and the last end, the time some kernel runs, and the ``rows`` longest gaps of at least
-    ``least`` microseconds between them, each with the kernels around it and the ``host`` spans (the CUDA runtime's
-    calls and Python's garbage collections, same form) of ``least`` or more that overlap it: a ``cudaMalloc``, a
-    synchronisation or a collection there says why the GPU waited, none says the host was busy in Python or torch."""
+    ``least`` microseconds between them, each with when it starts (from the first kernel), the kernels around it, and
+    from the ``host`` spans (same form, any thread): the CUDA runtime's calls and Python's garbage collections
+    (``gc gen<N>``) of ``least`` or more that overlap it, where a ``cudaMalloc``, a synchronisation or a collection
+    says why the GPU waited; and the two innermost other spans that hold the whole gap (an autograd node, an
+    operator), which say what the host was doing."""
     if not spans:
         return "no device events recorded"
     spans = sorted(spans)
@@ -179,11 +180,16 @@ def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, flo
     lines = [f"device busy {busy / 1e3:.2f} ms of {span / 1e3:.2f} ms from the first kernel to the last; idle "
              f"{(span - busy) / 1e3:.2f} ms, {sum(g[0] for g in gaps) / 1e3:.2f} ms of it in {len(gaps)} gaps of "
              f"{least:g} us or more; the longest:"]
+    calls = [h for h in host if h[2].startswith(("cuda", "gc gen"))]
+    others = [h for h in host if not h[2].startswith(("cuda", "gc gen"))]
     for gap, before, after, first, last in sorted(gaps, reverse=True)[:rows]:
-        calls = sorted((stop - start, name) for start, stop, name in host
-                       if stop - start >= least and min(stop, last) > max(start, first))
-        lines.append(f"  {gap:8.1f} us  after {before[:50]}  before {after[:50]}; host: "
-                     + (", ".join(f"{name} {took:.0f} us" for took, name in calls[::-1][:3]) or "nothing recorded"))
+        inside = sorted((stop - start, name) for start, stop, name in calls
+                        if stop - start >= least and min(stop, last) > max(start, first))
+        holding = sorted((stop - start, name) for start, stop, name in others if start <= first and stop >= last)
+        lines.append(f"  {gap:8.1f} us at {(first - spans[0][0]) / 1e3:.2f} ms  after {before[:50]}  before "
+                     f"{after[:50]}; host: " + (", ".join(f"{name} {took:.0f} us" for took, name in inside[::-1][:3])
+                                                or "nothing recorded")
+                     + ("; in " + " < ".join(name[:70] for _, name in holding[:2]) if holding else ""))
     return "\n".join(lines)
 
 

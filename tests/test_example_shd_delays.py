@@ -119,20 +119,23 @@ def test_delay_bench_memory_finds_the_blocks_live_at_the_peak(monkeypatch):
 
 def test_delay_bench_idle_gaps_between_overlapping_kernels(monkeypatch):
     """--profile's idle time of the GPU: kernels that overlap count once as busy; a gap is measured from the end of
-    the last kernel that ran before it (not the last one started), named by the kernels around it, and given the
-    host's spans (CUDA calls, garbage collections) of at least ``least`` microseconds that overlap it, longest
-    first."""
+    the last kernel that ran before it (not the last one started), named by the kernels around it and when it
+    starts, and given the host's CUDA calls and garbage collections of at least ``least`` microseconds that overlap
+    it, longest first, and the two innermost other host spans that hold all of it."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import delay_bench
     host = [(62, 95, "cudaMalloc"), (58, 61, "cudaLaunchKernel"), (57, 70, "cudaFree"), (12, 19, "cudaMalloc"),
-            (110, 150, "cudaStreamSynchronize")]
+            (110, 150, "cudaStreamSynchronize"), (0, 200, "step"), (55, 101, "node"), (61, 99, "inner"),
+            (5, 40, "op")]
     text = delay_bench.idle_gaps([(100, 110, "d"), (0, 10, "a"), (30, 50, "b"), (35, 40, "c"), (55, 60, "e")],
                                  host, least=10)
     lines = text.splitlines()
     assert lines[0].startswith("device busy 0.04 ms of 0.11 ms") and "idle 0.07 ms, 0.06 ms of it in 2 gaps" in lines[0]
-    assert [line.split() for line in lines[1:]] == [
-        ["40.0", "us", "after", "e", "before", "d;", "host:", "cudaMalloc", "33", "us,", "cudaFree", "13", "us"],
-        ["20.0", "us", "after", "a", "before", "b;", "host:", "nothing", "recorded"]]
+    assert [line.split() for line in lines[1:]] == [  # ("inner" does not hold the whole gap: not named)
+        ["40.0", "us", "at", "0.06", "ms", "after", "e", "before", "d;", "host:", "cudaMalloc", "33", "us,", "cudaFree",
+         "13", "us;", "in", "node", "<", "step"],
+        ["20.0", "us", "at", "0.01", "ms", "after", "a", "before", "b;", "host:", "nothing", "recorded;", "in", "op",
+         "<", "step"]]
     assert delay_bench.idle_gaps([]) == "no device events recorded"
 
 
