@@ -159,13 +159,14 @@ def collections_profiled():
 
 def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, float, str]] = (), rows: int = 8,
               least: float = 10.0) -> str:
-    """Where the GPU waits within a step: from its kernels' ``(start, end, name)`` (microseconds), the time
-    between the first start and the last end, the time some kernel runs, and the ``rows`` longest gaps of at least
-    ``least`` microseconds between them, each with when it starts (from the first kernel), the kernels around it, and
-    from the ``host`` spans (same form, any thread): the CUDA runtime's calls and Python's garbage collections
-    (``gc gen<N>``) of ``least`` or more that overlap it, where a ``cudaMalloc``, a synchronisation or a collection
-    says why the GPU waited; and the two innermost other spans that hold the whole gap (an autograd node, an
-    operator), which say what the host was doing."""
+    """Where the GPU waits within a step: from its kernels' ``(start, end, name)`` (microseconds), the time between the
+    first start and the last end, the time some kernel runs, and the ``rows`` longest gaps of at least ``least``
+    microseconds between them, each with when it starts (from the first kernel), the kernels around it, and from the
+    ``host`` spans (same form, any thread): the CUDA runtime's and driver's calls (``cuda*``, ``cu*``: a Triton
+    launch is ``cuLaunchKernelEx``) and Python's garbage collections (``gc gen<N>``) of ``least`` or more that
+    overlap it, where a ``cudaMalloc``, a synchronisation or a collection says why the GPU waited; and the two
+    innermost other spans that hold the whole gap (an autograd node, an operator), which say what the host was
+    doing."""
     if not spans:
         return "no device events recorded"
     spans = sorted(spans)
@@ -180,8 +181,8 @@ def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, flo
     lines = [f"device busy {busy / 1e3:.2f} ms of {span / 1e3:.2f} ms from the first kernel to the last; idle "
              f"{(span - busy) / 1e3:.2f} ms, {sum(g[0] for g in gaps) / 1e3:.2f} ms of it in {len(gaps)} gaps of "
              f"{least:g} us or more; the longest:"]
-    calls = [h for h in host if h[2].startswith(("cuda", "gc gen"))]
-    others = [h for h in host if not h[2].startswith(("cuda", "gc gen"))]
+    calls = [h for h in host if h[2].startswith(("cu", "gc gen"))]
+    others = [h for h in host if not h[2].startswith(("cu", "gc gen"))]
     for gap, before, after, first, last in sorted(gaps, reverse=True)[:rows]:
         inside = sorted((stop - start, name) for start, stop, name in calls
                         if stop - start >= least and min(stop, last) > max(start, first))
