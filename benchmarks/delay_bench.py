@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -181,8 +182,9 @@ def idle_gaps(spans: list[tuple[float, float, str]], host: list[tuple[float, flo
     lines = [f"device busy {busy / 1e3:.2f} ms of {span / 1e3:.2f} ms from the first kernel to the last; idle "
              f"{(span - busy) / 1e3:.2f} ms, {sum(g[0] for g in gaps) / 1e3:.2f} ms of it in {len(gaps)} gaps of "
              f"{least:g} us or more; the longest:"]
-    calls = [h for h in host if h[2].startswith(("cu", "gc gen"))]
-    others = [h for h in host if not h[2].startswith(("cu", "gc gen"))]
+    calls, others = [], []
+    for h in host:
+        (calls if h[2].startswith(("cu", "gc gen")) else others).append(h)
     for gap, before, after, first, last in sorted(gaps, reverse=True)[:rows]:
         inside = sorted((stop - start, name) for start, stop, name in calls
                         if stop - start >= least and min(stop, last) > max(start, first))
@@ -279,6 +281,20 @@ def kernel_times(T: int, B: int, max_delay: int, device: str, quick: bool = Fals
             print(f"| {inputs} -> {outputs} | {density} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
 
 
+def kernel_constants(names: tuple[str, ...], values: Iterable[tuple]) -> Iterator[tuple]:
+    """Sets the ``delay_kernels`` constants ``names`` to each tuple of ``values`` in turn, yielding it, and restores
+    them when the loop ends or leaves."""
+    saved = [getattr(delay_kernels, name) for name in names]
+    try:
+        for value in values:
+            for name, v in zip(names, value):
+                setattr(delay_kernels, name, v)
+            yield value
+    finally:
+        for name, v in zip(names, saved):
+            setattr(delay_kernels, name, v)
+
+
 BLOCKS = ((128, 16), (128, 32), (64, 32), (32, 32), (32, 64), (32, 128), (64, 64))  # (outputs, steps) for --blocks
 
 
@@ -291,21 +307,15 @@ def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bo
     print("| input density | longest delay | " + " | ".join(f"{j} x {t} (ms)" for j, t in shapes) + " |")
     print("|---|---|" + "---|" * len(shapes))
     g = torch.Generator(device).manual_seed(0)
-    saved = delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS
-    try:
-        for density in (0.01, 0.02):
-            xs = (torch.rand(T, B, inputs, generator=g, device=device) < density).float()
-            events, _ = delay_kernels.list_events(xs, delay_kernels.count_events(xs), True, False)
-            for max_delay in max_delays:
-                a, c = (torch.rand(outputs, inputs, generator=g, device=device) for _ in range(2))
-                k = torch.randint(max_delay + 1, (outputs, inputs), generator=g, device=device, dtype=torch.int32)
-                ms = []
-                for delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS in shapes:
-                    ms.append(do_bench(lambda: delay_kernels.linear_forward(xs, a, c, k, None, T, 0, max_delay + 1,
-                                                                            events)))
-                print(f"| {density} | {max_delay} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
-    finally:
-        delay_kernels.EVENT_OUTPUTS, delay_kernels.EVENT_STEPS = saved
+    for density in (0.01, 0.02):
+        xs = (torch.rand(T, B, inputs, generator=g, device=device) < density).float()
+        events, _ = delay_kernels.list_events(xs, delay_kernels.count_events(xs), True, False)
+        for max_delay in max_delays:
+            a, c = (torch.rand(outputs, inputs, generator=g, device=device) for _ in range(2))
+            k = torch.randint(max_delay + 1, (outputs, inputs), generator=g, device=device, dtype=torch.int32)
+            ms = [do_bench(lambda: delay_kernels.linear_forward(xs, a, c, k, None, T, 0, max_delay + 1, events))
+                  for _ in kernel_constants(("EVENT_OUTPUTS", "EVENT_STEPS"), shapes)]
+            print(f"| {density} | {max_delay} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
 
 
 LISTING = ((1, 1), (1, 2), (1, 4), (2, 1), (4, 1), (8, 1), (16, 1), (16, 2), (16, 4), (32, 4))  # (steps, warps)
@@ -326,17 +336,13 @@ def listing_shapes(T: int, B: int, max_delay: int, density: float, device: str, 
           f"{do_bench(lambda: delay_kernels.count_events(xs)):.3f} ms")
     print("| tile (steps x warps) | both lists (ms) | by-step list alone | by-input list alone | the same lists |")
     print("|---|---|---|---|---|")
-    saved = delay_kernels.LIST_STEPS, delay_kernels.LIST_WARPS
-    try:
-        for delay_kernels.LIST_STEPS, delay_kernels.LIST_WARPS in shapes:
-            got = delay_kernels.list_events(xs, counts, True, True)
-            same = all(torch.equal(u, v) for lists in zip(got, want) for u, v in zip(*(k[:4] for k in lists)))
-            ms = [do_bench(lambda asked=asked: delay_kernels.list_events(xs, counts, *asked))
-                  for asked in ((True, True), (True, False), (False, True))]
-            print(f"| {delay_kernels.LIST_STEPS} x {delay_kernels.LIST_WARPS} | "
-                  + " | ".join(f"{m:.3f}" for m in ms) + f" | {'yes' if same else 'NO'} |", flush=True)
-    finally:
-        delay_kernels.LIST_STEPS, delay_kernels.LIST_WARPS = saved
+    for steps, warps in kernel_constants(("LIST_STEPS", "LIST_WARPS"), shapes):
+        got = delay_kernels.list_events(xs, counts, True, True)
+        same = all(torch.equal(u, v) for lists in zip(got, want) for u, v in zip(*(k[:4] for k in lists)))
+        ms = [do_bench(lambda asked=asked: delay_kernels.list_events(xs, counts, *asked))
+              for asked in ((True, True), (True, False), (False, True))]
+        print(f"| {steps} x {warps} | " + " | ".join(f"{m:.3f}" for m in ms) + f" | {'yes' if same else 'NO'} |",
+              flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
