@@ -271,16 +271,24 @@ def _events_tile(x, b, s0, i, L, B, I, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
+def _listing_program(L, BLOCK_I: tl.constexpr, CHUNK: tl.constexpr):
+    """A counting or listing program's place (a flat grid over (b, chunk of steps), then blocks of inputs): (b, its
+    chunk, the chunks, its block, the blocks, the inputs ``i``, its first step and the step past its last)."""
+    p, block, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    chunks = tl.cdiv(L, CHUNK)
+    b, chunk = p // chunks, p % chunks
+    return (b, chunk, chunks, block, blocks, block * BLOCK_I + tl.arange(0, BLOCK_I), chunk * CHUNK,
+            tl.minimum(chunk * CHUNK + CHUNK, L))
+
+
+@triton.jit
 def _linear_count_events(x, by_step, by_input, L, B, I, BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
                          CHUNK: tl.constexpr):
     # by_step[b, s, block] = the events x[s, b, i] of the program's block of i; by_input[i, b, chunk] = those of
     # its chunk of s (a program per (b, chunk of steps), flat, and block of inputs)
-    p, block, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
-    chunks = tl.cdiv(L, CHUNK)
-    b, chunk = p // chunks, p % chunks
-    i = block * BLOCK_I + tl.arange(0, BLOCK_I)
+    b, chunk, chunks, block, blocks, i, first, last = _listing_program(L, BLOCK_I, CHUNK)
     seen = tl.zeros((BLOCK_I,), dtype=tl.int32)
-    for s0 in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, L), BLOCK_S):
+    for s0 in range(first, last, BLOCK_S):
         s, _, n = _events_tile(x, b, s0, i, L, B, I, BLOCK_S)
         tl.store(by_step + (b * L + s) * blocks + block, tl.sum(n, axis=1), mask=s < L)
         seen += tl.sum(n, axis=0)
@@ -295,12 +303,9 @@ def _linear_list_events(x, by_step, by_input, step_s, step_i, step_v, input_b, i
     # hold where each program's events start in them (the by-step list in the order (b, s, i), the by-input list
     # in the order (i, b, s)); a program walks its steps in order, and a tile's events go in order along i (to
     # the by-step list) and along s (to the by-input list)
-    p, block, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
-    chunks = tl.cdiv(L, CHUNK)
-    b, chunk = p // chunks, p % chunks
-    i = block * BLOCK_I + tl.arange(0, BLOCK_I)
+    b, chunk, chunks, block, blocks, i, first, last = _listing_program(L, BLOCK_I, CHUNK)
     at_input = tl.load(by_input + (i * B + b) * chunks + chunk, mask=i < I, other=0)
-    for s0 in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, L), BLOCK_S):
+    for s0 in range(first, last, BLOCK_S):
         s, v, n = _events_tile(x, b, s0, i, L, B, I, BLOCK_S)
         has = n != 0
         if STEP_LIST:
