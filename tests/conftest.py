@@ -161,25 +161,33 @@ _patch_the_interpreter_once_a_launch()
 
 
 def _interpreter_types_once() -> None:
-    """Triton's interpreter works out again, at every operation of a launch, two things that depend on their
-    arguments alone: the numpy dtype of a Triton type (``_get_np_dtype``: a table of 19 types built and
-    hashed at each call) and the block type of an element type and a shape (``get_block_ty``, called by
-    every block type's ``to_ir``: a new, equal block type, its shape validated again). Here each is worked
-    out once and looked up after (about a sixth of an interpreted launch's time; the same values: the types
-    are never changed once made). Pointer types, which cannot be hashed, are worked out as before. Left
-    alone where Triton's interpreter is off or its internals differ."""
+    """Triton's interpreter works out again, at every operation of a launch, things that depend on types alone:
+    the numpy dtype of a Triton type (``_get_np_dtype``: a table of 19 types built and hashed at each call), the
+    block type of an element type and a shape (``get_block_ty``, called by every block type's ``to_ir``, and
+    ``block_type.with_element_ty``, for each operand a scalar is splatted or cast to: a new, equal block type, its
+    shape validated again) and a tensor's attributes from its type (``tensor.__init__``: its shape as a new tuple
+    of constexprs); and it works out a broadcast of two operands of one shape, which changes nothing. Here each is
+    worked out once a type and looked up after, and a broadcast of equal shapes returns its operands at once, as it
+    did after the work (about a sixth of an interpreted launch's time, then a third of its Python calls; the same
+    values: types are never changed once made). Pointer types, which cannot be hashed, are worked out as before.
+    Left alone where Triton's interpreter is off or its internals differ."""
     if not interpreting():
         return
     try:
         from triton.runtime import interpreter
+        from triton.language.semantic import TritonSemantic
         import triton.language as tl
     except ImportError:
         return
     np_dtype, builder = getattr(interpreter, "_get_np_dtype", None), getattr(interpreter, "InterpreterBuilder", None)
-    if np_dtype is None or getattr(builder, "get_block_ty", None) is None or getattr(np_dtype, "_once", False):
+    broadcast = getattr(TritonSemantic, "broadcast_impl_value", None)
+    if None in (np_dtype, broadcast, getattr(builder, "get_block_ty", None),
+                getattr(tl.block_type, "with_element_ty", None)) or getattr(np_dtype, "_once", False):
         return
+    init = tl.tensor.__init__
     np_dtypes: dict[object, object] = {}
     block_types: dict[tuple, object] = {}
+    tensor_types: dict[int, tuple] = {}  # id(type): (type, the attributes init set but the handle): type kept alive
 
     def np_dtype_once(tt_dtype):
         element = tt_dtype.element_ty if type(tt_dtype) is tl.block_type else tt_dtype
@@ -190,7 +198,7 @@ def _interpreter_types_once() -> None:
             found = np_dtypes[element] = np_dtype(element)
         return found
 
-    def block_type_once(self, dtype, shape):
+    def block_type(dtype, shape):
         if isinstance(dtype, tl.pointer_type):
             return tl.block_type(dtype, shape)
         key = (dtype, tuple(shape))
@@ -199,9 +207,30 @@ def _interpreter_types_once() -> None:
             found = block_types[key] = tl.block_type(dtype, shape)
         return found
 
+    def tensor_init_once(self, handle, type):
+        known = tensor_types.get(id(type))
+        if known is None or known[0] is not type:
+            init(self, handle, type)
+            if len(tensor_types) > 4096:
+                tensor_types.clear()
+            tensor_types[id(type)] = (type, {k: v for k, v in vars(self).items() if k != "handle"})
+            return
+        self.__dict__.update(known[1])
+        self.handle = handle
+
+    def broadcast_equal_shapes_at_once(self, lhs, rhs):
+        left, right = lhs.type, rhs.type
+        if left is right or (type(left) is tl.block_type and type(right) is tl.block_type
+                             and left.shape.values == right.shape.values):
+            return lhs, rhs
+        return broadcast(self, lhs, rhs)
+
     np_dtype_once._once = True
     interpreter._get_np_dtype = np_dtype_once
-    builder.get_block_ty = block_type_once
+    builder.get_block_ty = lambda self, dtype, shape: block_type(dtype, shape)
+    tl.block_type.with_element_ty = lambda self, scalar_ty: block_type(scalar_ty, self.shape)
+    tl.tensor.__init__ = tensor_init_once
+    TritonSemantic.broadcast_impl_value = broadcast_equal_shapes_at_once
 
 
 _interpreter_types_once()
