@@ -34,10 +34,6 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # what an unset knob mea
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
-
-# the guard reads PTX alone: the last stage, ptxas's machine code, is left empty (about a seventh of a compile)
-CUDABackend.make_cubin = lambda self, *args: b""
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from isa_count import GPUTarget, compile_for_sm  # noqa: E402
@@ -258,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plastic", nargs=2, action="append", default=[], metavar=("SYNAPSE", "NEURON"), type=Path,
                         help="also PlasticLinear's fused kernel of a synapse spec driving a neuron spec (repeatable)")
     args = parser.parse_args(argv)
+    from triton.backends.nvidia.compiler import CUDABackend  # noqa: PLC0415 (the guard's run alone)
+    # the guard reads PTX alone: the last stage, ptxas's machine code, is left empty (about a seventh of a compile)
+    CUDABackend.make_cubin = lambda self, *args: b""
     print(f"triton {triton.__version__}, sm_90")
     found = [p for spec in args.specs for dtype in args.dtype for p in check(spec, dtype, args.tile)]
     if args.delays:

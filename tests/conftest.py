@@ -168,8 +168,8 @@ def _interpreter_types_once() -> None:
     shape validated again) and a tensor's attributes from its type (``tensor.__init__``: its shape as a new tuple
     of constexprs); and it works out a broadcast of two operands of one shape, which changes nothing. Here each is
     worked out once a type and looked up after, and a broadcast of equal shapes returns its operands at once, as it
-    did after the work (about a sixth of an interpreted launch's time, then a third of its Python calls; the same
-    values: types are never changed once made). Pointer types, which cannot be hashed, are worked out as before.
+    did after the work (the first two, about a sixth of an interpreted launch's time; the rest, a third of the
+    Python calls left; the same values: types are never changed once made). Pointer types, which cannot be hashed, are worked out as before.
     Left alone where Triton's interpreter is off or its internals differ."""
     if not interpreting():
         return
