@@ -14,7 +14,9 @@ in the network; ``--kernels`` times the kernels alone, dense against event, at i
 (layer shapes 700 -> 256 and 256 -> 256): where they cross are ``EVENT_FORWARD`` (at the longest delay given, scaled
 as its comment says) and ``EVENT_TAPS``; ``--blocks`` times the first layer's event forward alone at each longest
 delay in blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``EVENT_STEPS``; ``--listing`` the
-listing of its input's events in tiles of several shapes: the measurement behind ``LIST_STEPS`` x ``LIST_WARPS``.
+listing of its input's events in tiles of several shapes: the measurement behind ``LIST_STEPS`` x ``LIST_WARPS``;
+``--layers`` each delay layer alone (700 -> 256 and 256 -> 256, forward and backward) against ``Dcls1d``, at any
+``-T`` (the delay-learning papers on SHD bin it to 100 to 250 steps, with longest delays of 25 to 250).
 ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most
 time) and where the GPU waits (the time between its kernels, the longest gaps with the kernels around them and what
 the host did there), and ``--memory`` what is live at its peak of GPU memory, by the line that allocated it (the
@@ -22,7 +24,7 @@ CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch back
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
                                      [--event-density D] [--profile] [--memory] [--kernels] [--blocks]
-                                     [--listing]
+                                     [--listing] [--layers]
 """
 from __future__ import annotations
 
@@ -318,6 +320,37 @@ def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bo
             print(f"| {density} | {max_delay} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
 
 
+def layer_times(T: int, B: int, max_delays: list[int], density: float, device: str, quick: bool = False) -> None:
+    """Each delay layer alone, DelayLinear against ``Dcls1d`` (if installed): one forward and backward (medians of
+    ``triton.testing.do_bench``) of the layers 700 -> 256 (input spikes, no input gradient) and 256 -> 256 (input
+    spikes with their gradient, as a hidden layer's) at each longest delay, against a random output gradient
+    (``quick``: 24 -> 8 and 8 -> 8, the torch backend)."""
+    do_bench = bencher(device)
+    try:
+        from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
+    except ImportError:
+        Dcls1d = None
+    shapes = ((24, 8, False), (8, 8, True)) if quick else ((SIZES[0], SIZES[1], False), (SIZES[1], SIZES[2], True))
+    print("| layer | longest delay | DelayLinear forward + backward (ms) | Dcls1d forward + backward (ms) | speed-up |")
+    print("|---|---|---|---|---|")
+    g = torch.Generator("cpu").manual_seed(0)
+    for inputs, outputs, input_grad in shapes:
+        x = (torch.rand(T, B, inputs, generator=g) < density).float().to(device).requires_grad_(input_grad)
+        grad = torch.randn(T, B, outputs, generator=g).to(device)
+        for max_delay in max_delays:
+            torch.manual_seed(0)
+            ours = flexsn_dsl.DelayLinear(inputs, outputs, max_delay, backend="torch" if quick else "auto").to(device)
+            times = [do_bench(lambda: ours(x).backward(grad))]
+            if Dcls1d is not None:
+                size = max_delay + 1 if max_delay % 2 == 0 else max_delay  # (as DclsNet)
+                theirs = Dcls1d(inputs, outputs, kernel_count=1, groups=1, dilated_kernel_size=size, bias=True,
+                                version="gauss").to(device)
+                gt = grad.permute(1, 2, 0)
+                times.append(do_bench(lambda: theirs(nn.functional.pad(x.permute(1, 2, 0), (size - 1, 0))).backward(gt)))
+            theirs_text = f"{times[1]:.3f} | {times[1] / times[0]:.1f}x" if len(times) > 1 else "not installed | "
+            print(f"| {inputs} -> {outputs} | {max_delay} | {times[0]:.3f} | {theirs_text} |", flush=True)
+
+
 LISTING = ((1, 1), (1, 2), (1, 4), (2, 1), (4, 1), (8, 1), (16, 1), (16, 2), (16, 4), (32, 4))  # (steps, warps)
 
 
@@ -360,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the kernels alone, dense against event, per input density (at the first longest delay)")
     parser.add_argument("--blocks", action="store_true",
                         help="the event forward of the first layer alone in blocks of several shapes")
+    parser.add_argument("--layers", action="store_true",
+                        help="each delay layer alone (forward and backward), DelayLinear against Dcls1d")
     parser.add_argument("--listing", action="store_true",
                         help="the first layer's events listed in tiles of several shapes (at the first longest delay)")
     parser.add_argument("--memory", action="store_true",
@@ -380,6 +415,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{delay_kernels.EVENT_TAPS} (tap gradients)")
     if args.kernels:
         return kernel_times(args.T, args.B, args.max_delays[0], device, args.quick)
+    if args.layers:
+        return layer_times(args.T, args.B, args.max_delays, args.density, device, args.quick)
     if args.blocks:
         return forward_blocks(args.T, args.B, args.max_delays, device, args.quick)
     if args.listing:

@@ -62,8 +62,8 @@ def test_trains_on_random_data_of_shds_shapes(capsys):
 
 def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     """benchmarks/delay_bench.py's CPU smoke run: the layers' input densities it reports are those of its input and
-    of hidden layers made active by --gain, and the table, the profile, the kernels' timings and the listing's in
-    each shape print (the GPU session's commands)."""
+    of hidden layers made active by --gain, and the table, the profile, the kernels' timings, the listing's in
+    each shape and each layer's alone print (the GPU session's commands)."""
     from flexsn_dsl import delay_kernels
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import delay_bench
@@ -94,6 +94,11 @@ def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [(r[0].strip(), r[-1].strip()) for r in rows] == [("2 x 1", "yes")]  # (equal to the lists in 1 x 1)
     assert "input (28, 4, 24)" in out and (delay_kernels.LIST_STEPS, delay_kernels.LIST_WARPS) == shape
+    delay_bench.main(["--quick", "--layers"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and
+            "->" in line]
+    assert [(r[0].strip(), int(r[1])) for r in rows] == [("24 -> 8", 8), ("8 -> 8", 8)]
+    assert all(float(r[2]) > 0 for r in rows)
 
 
 def test_delay_bench_memory_finds_the_blocks_live_at_the_peak(monkeypatch):
