@@ -323,8 +323,8 @@ def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bo
 def layer_times(T: int, B: int, max_delays: list[int], density: float, device: str, quick: bool = False) -> None:
     """Each delay layer alone, DelayLinear against ``Dcls1d`` (if installed): one forward and backward (medians of
     ``triton.testing.do_bench``) of the layers 700 -> 256 (input spikes, no input gradient) and 256 -> 256 (input
-    spikes with their gradient, as a hidden layer's) at each longest delay, against a random output gradient
-    (``quick``: 24 -> 8 and 8 -> 8, the torch backend)."""
+    spikes with their gradient, as a hidden layer's) at each longest delay, against a random output gradient; the
+    gradients add up over the timed calls, in both (``quick``: 24 -> 8 and 8 -> 8, the torch backend)."""
     do_bench = bencher(device)
     try:
         from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
@@ -345,8 +345,8 @@ def layer_times(T: int, B: int, max_delays: list[int], density: float, device: s
                 size = max_delay + 1 if max_delay % 2 == 0 else max_delay  # (as DclsNet)
                 theirs = Dcls1d(inputs, outputs, kernel_count=1, groups=1, dilated_kernel_size=size, bias=True,
                                 version="gauss").to(device)
-                gt = grad.permute(1, 2, 0)
-                times.append(do_bench(lambda: theirs(nn.functional.pad(x.permute(1, 2, 0), (size - 1, 0))).backward(gt)))
+                padded, gt = (size - 1, 0), grad.permute(1, 2, 0)
+                times.append(do_bench(lambda: theirs(nn.functional.pad(x.permute(1, 2, 0), padded)).backward(gt)))
             theirs_text = f"{times[1]:.3f} | {times[1] / times[0]:.1f}x" if len(times) > 1 else "not installed | "
             print(f"| {inputs} -> {outputs} | {max_delay} | {times[0]:.3f} | {theirs_text} |", flush=True)
 
