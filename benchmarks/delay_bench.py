@@ -72,6 +72,16 @@ def input_densities(net: nn.Module, x: torch.Tensor) -> list[float]:
     return seen
 
 
+def dcls_size(max_delay: int) -> int:
+    """``Dcls1d``'s kernel length for a longest delay (SNN-delays rounds it to an odd size)."""
+    return max_delay + 1 if max_delay % 2 == 0 else max_delay
+
+
+def dcls_input(x: torch.Tensor, size: int) -> torch.Tensor:
+    """``x [T, B, C]`` as ``Dcls1d`` reads it: ``[B, C, T + size - 1]``, padded on the left by the kernel's length."""
+    return nn.functional.pad(x.permute(1, 2, 0), (size - 1, 0))
+
+
 class DclsNet(nn.Module):
     """The same network with DCLS-Delays' synapses (``Dcls1d``, one Gaussian-interpolated tap per synapse, the
     input padded on the left by the kernel's length, as in Thvnvtos/SNN-delays)."""
@@ -79,15 +89,14 @@ class DclsNet(nn.Module):
     def __init__(self, max_delay: int, backend: str):
         from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
         super().__init__()
-        self.size = max_delay + 1 if max_delay % 2 == 0 else max_delay  # SNN-delays rounds to an odd size
+        self.size = dcls_size(max_delay)
         self.layers = nn.ModuleList(Dcls1d(a, b, kernel_count=1, groups=1, dilated_kernel_size=self.size, bias=True,
                                            version="gauss") for a, b in zip(SIZES, SIZES[1:]))
         self.neurons = nn.ModuleList(flexsn_dsl.load(LIF, backend=backend) for _ in self.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer, neuron in zip(self.layers, self.neurons):  # (statements apart, as DelayNet's)
-            x = nn.functional.pad(x.permute(1, 2, 0), (self.size - 1, 0))  # [B, C, T + size - 1]
-            x = layer(x).permute(2, 0, 1).contiguous()
+            x = layer(dcls_input(x, self.size)).permute(2, 0, 1).contiguous()
             x = neuron(x)
             neuron.reset()
         return x.sum(0)
@@ -342,11 +351,11 @@ def layer_times(T: int, B: int, max_delays: list[int], density: float, device: s
             ours = flexsn_dsl.DelayLinear(inputs, outputs, max_delay, backend="torch" if quick else "auto").to(device)
             times = [do_bench(lambda: ours(x).backward(grad))]
             if Dcls1d is not None:
-                size = max_delay + 1 if max_delay % 2 == 0 else max_delay  # (as DclsNet)
+                size = dcls_size(max_delay)
                 theirs = Dcls1d(inputs, outputs, kernel_count=1, groups=1, dilated_kernel_size=size, bias=True,
                                 version="gauss").to(device)
-                padded, gt = (size - 1, 0), grad.permute(1, 2, 0)
-                times.append(do_bench(lambda: theirs(nn.functional.pad(x.permute(1, 2, 0), padded)).backward(gt)))
+                gt = grad.permute(1, 2, 0)
+                times.append(do_bench(lambda: theirs(dcls_input(x, size)).backward(gt)))
             theirs_text = f"{times[1]:.3f} | {times[1] / times[0]:.1f}x" if len(times) > 1 else "not installed | "
             print(f"| {inputs} -> {outputs} | {max_delay} | {times[0]:.3f} | {theirs_text} |", flush=True)
 

@@ -169,8 +169,8 @@ def _interpreter_types_once() -> None:
     of constexprs); and it works out a broadcast of two operands of one shape, which changes nothing. Here each is
     worked out once a type and looked up after, and a broadcast of equal shapes returns its operands at once, as it
     did after the work (the first two, about a sixth of an interpreted launch's time; the rest, a third of the
-    Python calls left; the same values: types are never changed once made). Pointer types, which cannot be hashed, are worked out as before.
-    Left alone where Triton's interpreter is off or its internals differ."""
+    Python calls left; the same values: types are never changed once made). Pointer types, which cannot be hashed,
+    are worked out as before. Left alone where Triton's interpreter is off or its internals differ."""
     if not interpreting():
         return
     try:
