@@ -17,6 +17,8 @@ delay in blocks of several shapes: the measurement behind ``EVENT_OUTPUTS`` x ``
 listing of its input's events in tiles of several shapes: the measurement behind ``LIST_STEPS`` x ``LIST_WARPS``;
 ``--layers`` each delay layer alone (700 -> 256 and 256 -> 256, forward and backward) against ``Dcls1d``, at any
 ``-T`` (the delay-learning papers on SHD bin it to 100 to 250 steps, with longest delays of 25 to 250).
+``--cuda-graph`` captures the training step (with ``--layers``, each layer's call) as one CUDA graph and times its
+replays, in both implementations (inside a capture DelayLinear takes its dense kernels, which wait for nothing).
 ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most
 time) and where the GPU waits (the time between its kernels, the longest gaps with the kernels around them and what
 the host did there), and ``--memory`` what is live at its peak of GPU memory, by the line that allocated it (the
@@ -24,7 +26,7 @@ CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch back
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
                                      [--event-density D] [--profile] [--memory] [--kernels] [--blocks]
-                                     [--listing] [--layers]
+                                     [--listing] [--layers] [--cuda-graph]
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from torch import nn
 
 import flexsn_dsl
 from flexsn_dsl import delay_kernels
+from flexsn_dsl.bench import graph_replay_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import shd_delays  # noqa: E402
@@ -102,9 +105,10 @@ class DclsNet(nn.Module):
         return x.sum(0)
 
 
-def training_step(net: nn.Module, x: torch.Tensor, labels: torch.Tensor):
-    """One training step of ``net`` (forward, cross-entropy, backward, Adam) as a function of nothing."""
-    optimiser = torch.optim.Adam(net.parameters(), lr=1e-3)
+def training_step(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, capturable: bool = False):
+    """One training step of ``net`` (forward, cross-entropy, backward, Adam) as a function of nothing
+    (``capturable``: Adam's, for a CUDA graph)."""
+    optimiser = torch.optim.Adam(net.parameters(), lr=1e-3, capturable=capturable)
 
     def step() -> None:
         loss = nn.functional.cross_entropy(net(x), labels)
@@ -114,8 +118,16 @@ def training_step(net: nn.Module, x: torch.Tensor, labels: torch.Tensor):
     return step
 
 
-def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int) -> tuple[float, float]:
-    """(median seconds, peak GPU bytes) of a training step."""
+def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int, graph: bool = False
+              ) -> tuple[float, float]:
+    """(median seconds, peak GPU bytes) of a training step; ``graph``: the step captured as one CUDA graph and
+    replayed (``flexsn_dsl.bench.graph_replay_ms``, ``repeat`` rounds of 5 replays; the graph's pool counted in
+    the peak)."""
+    if graph:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        ms = graph_replay_ms(training_step(net, x, labels, capturable=True), replays=5, rounds=repeat)
+        return ms / 1e3, torch.cuda.max_memory_allocated()
     step = training_step(net, x, labels)
     step()
     if x.is_cuda:
@@ -329,12 +341,14 @@ def forward_blocks(T: int, B: int, max_delays: list[int], device: str, quick: bo
             print(f"| {density} | {max_delay} | " + " | ".join(f"{m:.2f}" for m in ms) + " |", flush=True)
 
 
-def layer_times(T: int, B: int, max_delays: list[int], density: float, device: str, quick: bool = False) -> None:
+def layer_times(T: int, B: int, max_delays: list[int], density: float, device: str, quick: bool = False,
+                graph: bool = False) -> None:
     """Each delay layer alone, DelayLinear against ``Dcls1d`` (if installed): one forward and backward (medians of
     ``triton.testing.do_bench``) of the layers 700 -> 256 (input spikes, no input gradient) and 256 -> 256 (input
     spikes with their gradient, as a hidden layer's) at each longest delay, against a random output gradient; the
-    gradients add up over the timed calls, in both (``quick``: 24 -> 8 and 8 -> 8, the torch backend)."""
-    do_bench = bencher(device)
+    gradients add up over the timed calls, in both (``quick``: 24 -> 8 and 8 -> 8, the torch backend). ``graph``:
+    each captured as a CUDA graph and replayed (``graph_replay_ms``)."""
+    do_bench = graph_replay_ms if graph else bencher(device)
     try:
         from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
     except ImportError:
@@ -408,11 +422,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="the first layer's events listed in tiles of several shapes (at the first longest delay)")
     parser.add_argument("--memory", action="store_true",
                         help="what is live at a step's peak of GPU memory, by where it was allocated (CUDA only)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="the training step (or with --layers each layer's call) captured as one CUDA graph and "
+                             "replayed, in both implementations (CUDA only)")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
     args = parser.parse_args(argv)
     if args.quick:
         args.T, args.B, args.max_delays, args.repeat = 20, 4, [8], 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.cuda_graph and device != "cuda":
+        parser.error("--cuda-graph captures CUDA graphs: it needs a GPU")
     if args.event_density is not None:
         delay_kernels.EVENT_FORWARD = delay_kernels.EVENT_TAPS = args.event_density
     g = torch.Generator().manual_seed(0)
@@ -425,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.kernels:
         return kernel_times(args.T, args.B, args.max_delays[0], device, args.quick)
     if args.layers:
-        return layer_times(args.T, args.B, args.max_delays, args.density, device, args.quick)
+        return layer_times(args.T, args.B, args.max_delays, args.density, device, args.quick, args.cuda_graph)
     if args.blocks:
         return forward_blocks(args.T, args.B, args.max_delays, device, args.quick)
     if args.listing:
@@ -459,7 +478,11 @@ def main(argv: list[str] | None = None) -> None:
             if device == "cuda":
                 torch.cuda.empty_cache()
             torch.manual_seed(0)
-            seconds, peak = step_time(cls(max_delay, "auto").to(device), x, labels, args.repeat)
+            try:
+                seconds, peak = step_time(cls(max_delay, "auto").to(device), x, labels, args.repeat, args.cuda_graph)
+            except RuntimeError as error:  # (a capture that fails: said in the table, the other rows still run)
+                print(f"| {max_delay} | {name} | failed: {str(error).splitlines()[0][:120]} | | |", flush=True)
+                continue
             epoch = seconds * SHD_TRAIN / args.B
             print(f"| {max_delay} | {name} | {seconds * 1e3:.1f} | {epoch:.1f} | {peak / 1e9:.2f} |", flush=True)
 

@@ -63,7 +63,7 @@ def test_trains_on_random_data_of_shds_shapes(capsys):
 def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
     """benchmarks/delay_bench.py's CPU smoke run: the layers' input densities it reports are those of its input and
     of hidden layers made active by --gain, and the table, the profile, the kernels' timings, the listing's in
-    each shape and each layer's alone print (the GPU session's commands)."""
+    each shape and each layer's alone print (the GPU session's commands); --cuda-graph is refused without a GPU."""
     from flexsn_dsl import delay_kernels
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import delay_bench
@@ -99,6 +99,10 @@ def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
             "->" in line]
     assert [(r[0].strip(), int(r[1])) for r in rows] == [("24 -> 8", 8), ("8 -> 8", 8)]
     assert all(float(r[2]) > 0 for r in rows)
+    if not torch.cuda.is_available():  # (CUDA graphs: refused on the CPU, with the reason)
+        with pytest.raises(SystemExit):
+            delay_bench.main(["--quick", "--cuda-graph"])
+        assert "--cuda-graph captures CUDA graphs: it needs a GPU" in capsys.readouterr().err
 
 
 def test_delay_bench_memory_finds_the_blocks_live_at_the_peak(monkeypatch):
