@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import flexsn_dsl
+from flexsn_dsl.triton_runtime import interpreting
 
 F64 = torch.float64
 BACKENDS = ("torch", "triton")
@@ -270,6 +271,61 @@ def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, 
     _same_values_and_gradients(y, want, [x, layer.weight, layer.delay, layer.bias])
     assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"]
     assert 0 < torch.count_nonzero(x) < x.numel() / 2
+
+
+def test_a_captured_call_takes_the_dense_kernels_and_says_why(kernels_launched, monkeypatch):
+    """Inside a CUDA graph capture (simulated: no GPU here) a call cannot wait for the count of its events: it runs the
+    dense kernels, equal to the loop, and warns that a sparse input runs faster eagerly. Outside one the same call
+    takes the event kernels, without a warning."""
+    import warnings
+    from flexsn_dsl import delay_kernels
+    _thresholds(monkeypatch, 1.0, 0.5)
+    monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
+    layer = _layer("triton", DELAYS, 3.0)
+    x = _sparse((6, 2, 4), 0.3, 8).requires_grad_()
+    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
+    with pytest.warns(UserWarning, match="inside a CUDA graph capture runs its dense kernels.*run eagerly is faster"):
+        y = layer(x)
+    _same_values_and_gradients(y, loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0),
+                               [x, layer.weight, layer.delay, layer.bias])
+    assert kernels_launched == ["_linear_forward", "_linear_grad_taps"]
+    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: False)
+    kernels_launched.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer(x).sum().backward()
+    assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or interpreting(),
+                    reason="CUDA graphs need a CUDA GPU and compiled Triton kernels (not the interpreter)")
+def test_a_cuda_graph_replays_the_eager_values_and_gradients():
+    """A DelayLinear call and its backward captured in a CUDA graph (a sparse input: the capture warns that it takes
+    the dense kernels) replay the eager call's output and gradients, for new inputs copied into the captured ones."""
+    torch.manual_seed(0)
+    layer = flexsn_dsl.DelayLinear(24, 8, 6.0, device="cuda")
+    params = [layer.weight, layer.delay, layer.bias]
+    inputs = [((torch.rand(20, 4, 24, device="cuda") < 0.05).float(), torch.randn(20, 4, 8, device="cuda"))
+              for _ in range(3)]
+    eager = [(y, *torch.autograd.grad(y, params, g)) for x, g in inputs for y in [layer(x)]]
+    x, g = (t.clone() for t in inputs[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = layer(x)
+        torch.autograd.grad(y, params, g)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.warns(UserWarning, match="inside a CUDA graph capture runs its dense kernels"):
+        with torch.cuda.graph(graph):
+            y = layer(x)
+            captured = (y, *torch.autograd.grad(y, params, g))
+    for (new_x, new_g), want in zip(inputs[::-1], eager[::-1]):
+        x.copy_(new_x)
+        g.copy_(new_g)
+        graph.replay()
+        for got, ref in zip(captured, want):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def _saved_pointers(run):
