@@ -307,7 +307,10 @@ def test_a_cuda_graph_replays_the_eager_values_and_gradients():
     params = [layer.weight, layer.delay, layer.bias]
     inputs = [((torch.rand(20, 4, 24, device="cuda") < 0.05).float(), torch.randn(20, 4, 8, device="cuda"))
               for _ in range(3)]
-    eager = [(y, *torch.autograd.grad(y, params, g)) for x, g in inputs for y in [layer(x)]]
+    eager = []
+    for x, g in inputs:
+        y = layer(x)
+        eager.append((y, *torch.autograd.grad(y, params, g)))
     x, g = (t.clone() for t in inputs[0])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
