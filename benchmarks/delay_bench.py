@@ -85,16 +85,20 @@ def dcls_input(x: torch.Tensor, size: int) -> torch.Tensor:
     return nn.functional.pad(x.permute(1, 2, 0), (size - 1, 0))
 
 
+def dcls_layer(inputs: int, outputs: int, size: int) -> nn.Module:
+    """A ``Dcls1d`` of DCLS-Delays' synapses: one Gaussian-interpolated tap per synapse in a kernel of ``size``."""
+    from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
+    return Dcls1d(inputs, outputs, kernel_count=1, groups=1, dilated_kernel_size=size, bias=True, version="gauss")
+
+
 class DclsNet(nn.Module):
     """The same network with DCLS-Delays' synapses (``Dcls1d``, one Gaussian-interpolated tap per synapse, the
     input padded on the left by the kernel's length, as in Thvnvtos/SNN-delays)."""
 
     def __init__(self, max_delay: int, backend: str):
-        from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
         super().__init__()
         self.size = dcls_size(max_delay)
-        self.layers = nn.ModuleList(Dcls1d(a, b, kernel_count=1, groups=1, dilated_kernel_size=self.size, bias=True,
-                                           version="gauss") for a, b in zip(SIZES, SIZES[1:]))
+        self.layers = nn.ModuleList(dcls_layer(a, b, self.size) for a, b in zip(SIZES, SIZES[1:]))
         self.neurons = nn.ModuleList(flexsn_dsl.load(LIF, backend=backend) for _ in self.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -350,9 +354,10 @@ def layer_times(T: int, B: int, max_delays: list[int], density: float, device: s
     each captured as a CUDA graph and replayed (``graph_replay_ms``)."""
     do_bench = graph_replay_ms if graph else bencher(device)
     try:
-        from DCLS.construct.modules import Dcls1d  # noqa: PLC0415 (optional peer)
+        import DCLS  # noqa: F401, PLC0415 (optional peer)
+        have_dcls = True
     except ImportError:
-        Dcls1d = None
+        have_dcls = False
     shapes = ((24, 8, False), (8, 8, True)) if quick else ((SIZES[0], SIZES[1], False), (SIZES[1], SIZES[2], True))
     print("| layer | longest delay | DelayLinear forward + backward (ms) | Dcls1d forward + backward (ms) | speed-up |")
     print("|---|---|---|---|---|")
@@ -364,10 +369,9 @@ def layer_times(T: int, B: int, max_delays: list[int], density: float, device: s
             torch.manual_seed(0)
             ours = flexsn_dsl.DelayLinear(inputs, outputs, max_delay, backend="torch" if quick else "auto").to(device)
             times = [do_bench(lambda: ours(x).backward(grad))]
-            if Dcls1d is not None:
+            if have_dcls:
                 size = dcls_size(max_delay)
-                theirs = Dcls1d(inputs, outputs, kernel_count=1, groups=1, dilated_kernel_size=size, bias=True,
-                                version="gauss").to(device)
+                theirs = dcls_layer(inputs, outputs, size).to(device)
                 gt = grad.permute(1, 2, 0)
                 times.append(do_bench(lambda: theirs(dcls_input(x, size)).backward(gt)))
             theirs_text = f"{times[1]:.3f} | {times[1] / times[0]:.1f}x" if len(times) > 1 else "not installed | "
@@ -480,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.manual_seed(0)
             try:
                 seconds, peak = step_time(cls(max_delay, "auto").to(device), x, labels, args.repeat, args.cuda_graph)
-            except RuntimeError as error:  # (a capture that fails: said in the table, the other rows still run)
+            except RuntimeError as error:  # (a step that fails, a capture or out of memory: said in the table)
                 print(f"| {max_delay} | {name} | failed: {str(error).splitlines()[0][:120]} | | |", flush=True)
                 continue
             epoch = seconds * SHD_TRAIN / args.B
