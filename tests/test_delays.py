@@ -310,13 +310,13 @@ def test_a_cuda_graph_replays_the_eager_values_and_gradients():
     eager = []
     for x, g in inputs:
         y = layer(x)
-        eager.append((y, *torch.autograd.grad(y, params, g)))
+        eager.append((y.detach(), *torch.autograd.grad(y, params, g)))
+    del y  # no autograd graph of an eager call may outlive it: its nodes would tie the capture to their streams
     x, g = (t.clone() for t in inputs[0])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        y = layer(x)
-        torch.autograd.grad(y, params, g)
+        torch.autograd.grad(layer(x), params, g)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with pytest.warns(UserWarning, match="inside a CUDA graph capture runs its dense kernels"):
