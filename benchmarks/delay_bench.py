@@ -18,7 +18,9 @@ listing of its input's events in tiles of several shapes: the measurement behind
 ``--layers`` each delay layer alone (700 -> 256 and 256 -> 256, forward and backward) against ``Dcls1d``, at any
 ``-T`` (the delay-learning papers on SHD bin it to 100 to 250 steps, with longest delays of 25 to 250).
 ``--cuda-graph`` captures the training step (with ``--layers``, each layer's call) as one CUDA graph and times its
-replays, in both implementations (inside a capture DelayLinear takes its dense kernels, which wait for nothing).
+replays, in both implementations (inside a capture DelayLinear takes its dense kernels, which wait for nothing);
+``--compile [BACKEND]`` times the step of each network compiled with ``torch.compile(fullgraph=True)`` (inductor
+unless a backend is named; DelayLinear is one operator of the graph, choosing its kernels when it runs).
 ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most
 time) and where the GPU waits (the time between its kernels, the longest gaps with the kernels around them and what
 the host did there), and ``--memory`` what is live at its peak of GPU memory, by the line that allocated it (the
@@ -26,7 +28,7 @@ CUDA allocator's history). ``--quick`` runs CPU-sized shapes with the torch back
 
     python benchmarks/delay_bench.py [--max-delays 64 256 512] [-T 1127] [-B 256] [--density 0.01]
                                      [--event-density D] [--profile] [--memory] [--kernels] [--blocks]
-                                     [--listing] [--layers] [--cuda-graph]
+                                     [--listing] [--layers] [--cuda-graph] [--compile [BACKEND]]
 """
 from __future__ import annotations
 
@@ -109,30 +111,34 @@ class DclsNet(nn.Module):
         return x.sum(0)
 
 
-def training_step(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, capturable: bool = False):
+def training_step(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, capturable: bool = False,
+                  compiler: str | None = None):
     """One training step of ``net`` (forward, cross-entropy, backward, Adam) as a function of nothing
-    (``capturable``: Adam's, for a CUDA graph)."""
+    (``capturable``: Adam's, for a CUDA graph; ``compiler``: ``net`` compiled as one graph with that torch.compile
+    backend)."""
     optimiser = torch.optim.Adam(net.parameters(), lr=1e-3, capturable=capturable)
+    model = torch.compile(net, fullgraph=True, backend=compiler) if compiler else net
 
     def step() -> None:
-        loss = nn.functional.cross_entropy(net(x), labels)
+        loss = nn.functional.cross_entropy(model(x), labels)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
     return step
 
 
-def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int, graph: bool = False
-              ) -> tuple[float, float]:
+def step_time(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, repeat: int, graph: bool = False,
+              compiler: str | None = None) -> tuple[float, float]:
     """(median seconds, peak GPU bytes) of a training step; ``graph``: the step captured as one CUDA graph and
     replayed (``flexsn_dsl.bench.graph_replay_ms``, ``repeat`` rounds of 5 replays; the graph's pool counted in
-    the peak)."""
+    the peak); ``compiler``: the network compiled (:func:`training_step`), its first step, which compiles, not
+    timed."""
     if graph:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         ms = graph_replay_ms(training_step(net, x, labels, capturable=True), replays=5, rounds=repeat)
         return ms / 1e3, torch.cuda.max_memory_allocated()
-    step = training_step(net, x, labels)
+    step = training_step(net, x, labels, compiler=compiler)
     step()
     if x.is_cuda:
         torch.cuda.synchronize()
@@ -429,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cuda-graph", action="store_true",
                         help="the training step (or with --layers each layer's call) captured as one CUDA graph and "
                              "replayed, in both implementations (CUDA only)")
+    parser.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                        help="each network compiled with torch.compile(fullgraph=True), with this backend "
+                             "(default inductor), in both implementations")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: T=20, B=4, delay 8")
     args = parser.parse_args(argv)
     if args.quick:
@@ -436,6 +445,8 @@ def main(argv: list[str] | None = None) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.cuda_graph and device != "cuda":
         parser.error("--cuda-graph captures CUDA graphs: it needs a GPU")
+    if args.cuda_graph and args.compile:
+        parser.error("--cuda-graph and --compile time two ways of running a step: give one")
     if args.event_density is not None:
         delay_kernels.EVENT_FORWARD = delay_kernels.EVENT_TAPS = args.event_density
     g = torch.Generator().manual_seed(0)
@@ -483,7 +494,8 @@ def main(argv: list[str] | None = None) -> None:
                 torch.cuda.empty_cache()
             torch.manual_seed(0)
             try:
-                seconds, peak = step_time(cls(max_delay, "auto").to(device), x, labels, args.repeat, args.cuda_graph)
+                seconds, peak = step_time(cls(max_delay, "auto").to(device), x, labels, args.repeat, args.cuda_graph,
+                                          args.compile)
             except RuntimeError as error:  # (a step that fails, a capture or out of memory: said in the table)
                 print(f"| {max_delay} | {name} | failed: {str(error).splitlines()[0][:120]} | | |", flush=True)
                 continue

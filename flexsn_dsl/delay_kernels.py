@@ -384,16 +384,16 @@ def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int) -> Eve
     back, ``steps`` output steps of ``outputs`` outputs), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``); the
     forward only where the batch gives it ``EVENT_PROGRAMS`` programs or more. Counting its events waits for the
     GPU, so a call counts once (its backward follows the forward's choice), and never while a CUDA graph is
-    captured (which it says, in a warning: sparse inputs run faster eagerly) or torch.compile traces (the dense
-    kernels, which wait for nothing, run there)."""
-    if (EVENT_FORWARD <= 0 and EVENT_TAPS <= 0) or torch.compiler.is_compiling():
+    captured (the dense kernels, which wait for nothing, run there; a warning says that sparse inputs run faster
+    eagerly). Under torch.compile the layers' operators call it when the graph runs, not while it is traced."""
+    if EVENT_FORWARD <= 0 and EVENT_TAPS <= 0:
         return EventChoice(False, False, None)
     if _capturing(xs):
         warnings.warn(f"flexsn-dsl: DelayLinear inside a CUDA graph capture runs its dense kernels: choosing its event "
                       f"kernels counts the input's nonzero entries on the host, which a capture cannot wait for. For "
                       f"inputs sparser than about {EVENT_FORWARD:g} (the forward) to {EVENT_TAPS:g} (the weight and "
                       f"delay gradients) a step run eagerly is faster: about twice as fast for SHD's network at 1 % "
-                      f"(docs/delays.md).", stacklevel=4)
+                      f"(docs/delays.md).", stacklevel=5)
         return EventChoice(False, False, None)
     counts = count_events(xs)
     density = counts.count / max(xs.numel(), 1)

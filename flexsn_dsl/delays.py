@@ -5,10 +5,10 @@ the two whole steps around it: with ``k = floor(d)`` and ``f = d - k``, ``x`` de
 ``(1 - f) x[t - k] + f x[t - k - 1]`` (``x[t] = 0`` for ``t < 0``). A whole-step delay is exactly ``x[t - d]``;
 the delay's gradient is that of the interpolation in ``f`` (at a whole step, towards the longer delay).
 
-The Triton kernels are in :mod:`flexsn_dsl.delay_kernels` (CUDA inputs, or ``backend="triton"``); the torch
-backend sums one matrix product per distinct delay. Both keep only the input (and the parameters) for the
-backward: nothing held grows with ``max_delay``. Plain torch otherwise: no other module of the package is
-imported (Triton's kernels on first use)."""
+The passes of both backends are :mod:`flexsn_dsl.delay_passes`' (the Triton kernels, :mod:`flexsn_dsl.delay_kernels`,
+for CUDA inputs or ``backend="triton"``); under torch.compile the layers call them as the operators of
+:mod:`flexsn_dsl.delay_operators`. Nothing kept for the backward grows with ``max_delay``. Plain torch otherwise
+(Triton's kernels are imported on their first use)."""
 from __future__ import annotations
 
 import math
@@ -16,12 +16,12 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
+
+from . import delay_operators, delay_passes
 
 __all__ = ["BACKENDS", "Delay", "DelayLinear"]
 
 BACKENDS = ("auto", "torch", "triton")
-_WIDE = (torch.float16, torch.bfloat16)  # computed in float32 by the kernels
 
 
 def _check_backend(backend: str) -> str:
@@ -32,144 +32,6 @@ def _check_backend(backend: str) -> str:
 
 def _uses_triton(backend: str, x: torch.Tensor) -> bool:
     return backend == "triton" or (backend == "auto" and x.is_cuda)
-
-
-def _kernels() -> Any:
-    from . import delay_kernels
-    return delay_kernels
-
-
-def _split(delay: torch.Tensor, max_delay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(k, f, inside)``: whole steps and fraction of the clamped delay, and where the clamp passes gradients."""
-    d = delay.detach().clamp(0, max_delay)
-    k = d.floor()
-    inside = (delay.detach() >= 0) & (delay.detach() <= max_delay)
-    return k, d - k, inside
-
-
-def _shifted(xs: torch.Tensor, s: int, P: int, T: int) -> torch.Tensor:
-    """``xs[P - s + t]`` for ``t < T`` (zero where the index is negative)."""
-    start = P - s
-    if start >= 0:
-        return xs[start:start + T]
-    zeros = xs.new_zeros((min(-start, T), *xs.shape[1:]))
-    return torch.cat([zeros, xs[:max(0, start + T)]])
-
-
-def _add_shifted_back(grad: torch.Tensor, g: torch.Tensor, s: int, P: int) -> None:
-    """The transpose of :func:`_shifted`: ``grad[P - s + t] += g[t]`` where ``0 <= P - s + t``."""
-    start, skip = P - s, max(0, s - P)
-    if skip < len(g):
-        grad[start + skip:start + len(g)] += g[skip:]
-
-
-def _shifts(k: torch.Tensor) -> list[int]:
-    """The steps any tap reads at: ``k`` and ``k + 1`` (one host read: the torch backend's loop)."""
-    return torch.unique(torch.cat([k.flatten(), k.flatten() + 1])).to(torch.int64).tolist()
-
-
-class _DelayLinearFn(torch.autograd.Function):
-    """``y [T, B, J]`` from ``xs [P + T, B, I]`` (``P`` steps of history first); saves the parameters and, where
-    the weight's or the delay's gradient is wanted, ``xs`` or (where the tap gradients take events) its events'
-    by-input list."""
-
-    @staticmethod
-    def forward(ctx, xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, bias: torch.Tensor | None,
-                max_delay: float, P: int, triton: bool) -> torch.Tensor:
-        ctx.max_delay, ctx.P, ctx.triton, ctx.has_bias = max_delay, P, triton, bias is not None
-        ctx.shape, ctx.dtype, ctx.events = tuple(xs.shape), xs.dtype, False
-        k, f, _ = _split(delay, max_delay)
-        a, c = weight * (1 - f), weight * f
-        T = xs.shape[0] - P
-        if not triton:
-            ctx.save_for_backward(xs, weight, delay)
-            y = xs.new_zeros((T, xs.shape[1], weight.shape[0]))
-            if bias is not None:
-                y += bias
-            for s in _shifts(k):
-                y += _shifted(xs, s, P, T) @ (a * (k == s) + c * (k + 1 == s)).T
-            return y
-        work = torch.float32 if xs.dtype in _WIDE else xs.dtype
-        kernels = _kernels()
-        reach = math.floor(max_delay) + 1
-        xw = xs.to(work).contiguous()
-        choice = kernels.event_kernels(xw, reach, T, weight.shape[0])
-        want_taps = any(ctx.needs_input_grad[1:3])
-        ctx.events = want_taps and choice.taps  # (the backward's tap gradients follow this choice)
-        by_step, by_input = kernels.list_events(xw, choice.counts, choice.forward, ctx.events) if (
-            choice.forward or ctx.events) else (None, None)
-        ctx.save_for_backward(*(by_input[:4] if ctx.events else (xs,) if want_taps else ()), weight, delay)
-        y = kernels.linear_forward(xw, a.to(work).contiguous(), c.to(work).contiguous(),
-                                   k.to(torch.int32).contiguous(), None if bias is None else bias.to(work), T, P,
-                                   reach, by_step)
-        return y.to(xs.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g: torch.Tensor) -> tuple:
-        *kept, weight, delay = ctx.saved_tensors
-        P, L = ctx.P, ctx.shape[0]
-        k, f, inside = _split(delay, ctx.max_delay)
-        a, c = weight * (1 - f), weight * f
-        want_x, want_w, want_d = ctx.needs_input_grad[:3]
-        grad_x = s0 = s1 = None
-        if not ctx.triton:
-            xs, = kept
-            grad_x = torch.zeros_like(xs) if want_x else None
-            s0, s1 = torch.zeros_like(weight), torch.zeros_like(weight)
-            rows = g.reshape(-1, g.shape[-1]).T
-            for s in _shifts(k):
-                if want_x:
-                    _add_shifted_back(grad_x, g @ (a * (k == s) + c * (k + 1 == s)), s, P)
-                if want_w or want_d:
-                    m = rows @ _shifted(xs, s, P, len(g)).reshape(rows.shape[1], -1)
-                    s0 += m * (k == s)
-                    s1 += m * (k + 1 == s)
-        else:
-            work = torch.float32 if ctx.dtype in _WIDE else ctx.dtype
-            kernels, gw, ki = _kernels(), g.to(work).contiguous(), k.to(torch.int32)
-            reach = math.floor(ctx.max_delay) + 1
-            if want_x:
-                grad_x = kernels.linear_grad_input(gw, a.to(work).contiguous(), c.to(work).contiguous(), ki, L, P,
-                                                   reach)
-                grad_x = grad_x.to(ctx.dtype)
-            if want_w or want_d:
-                source = kernels.EventList(*kept, ctx.shape) if ctx.events else kept[0].to(work).contiguous()
-                s0, s1 = (s.to(weight.dtype) for s in kernels.linear_grad_taps(gw, source, ki, P, reach))
-        grad_w = (1 - f) * s0 + f * s1 if want_w else None
-        grad_d = torch.where(inside, weight * (s1 - s0), 0) if want_d else None
-        grad_b = g.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        return grad_x, grad_w, grad_d, grad_b, None, None, None
-
-
-class _DelayFn(torch.autograd.Function):
-    """One delay per channel on the Triton kernels: ``y [T, B, C]`` from ``xs [P + T, B, C]``."""
-
-    @staticmethod
-    def forward(ctx, xs: torch.Tensor, delay: torch.Tensor, max_delay: float, P: int) -> torch.Tensor:
-        ctx.max_delay, ctx.P = max_delay, P
-        ctx.save_for_backward(xs, delay)
-        k, f, _ = _split(delay, max_delay)
-        work = torch.float32 if xs.dtype in _WIDE else xs.dtype
-        y = _kernels().channel_forward(xs.to(work).contiguous(), (1 - f).to(work).contiguous(),
-                                       f.to(work).contiguous(), k.to(torch.int32).contiguous(), xs.shape[0] - P, P)
-        return y.to(xs.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g: torch.Tensor) -> tuple:
-        xs, delay = ctx.saved_tensors
-        k, f, inside = _split(delay, ctx.max_delay)
-        work = torch.float32 if xs.dtype in _WIDE else xs.dtype
-        gw, ki = g.to(work).contiguous(), k.to(torch.int32).contiguous()
-        grad_x = grad_d = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _kernels().channel_grad_input(gw, (1 - f).to(work).contiguous(), f.to(work).contiguous(), ki,
-                                                   xs.shape[0], ctx.P).to(xs.dtype)
-        if ctx.needs_input_grad[1]:
-            sums = _kernels().channel_grad_delay(gw, xs.to(work).contiguous(), ki, ctx.P).to(delay.dtype)
-            grad_d = torch.where(inside, sums, 0)
-        return grad_x, grad_d, None, None
 
 
 def _history(xs: torch.Tensor, steps: int) -> torch.Tensor:
@@ -243,8 +105,9 @@ class DelayLinear(nn.Module):
                              f"{self.in_features}] or [T, {self.in_features}], got {list(x.shape)}")
         x = x.to(self.weight.dtype)
         xs, P = _with_history(x, history, self.history_steps, "DelayLinear")
-        y = _DelayLinearFn.apply(xs, self.weight, self.delay, self.bias, float(self.max_delay), P,
-                                 _uses_triton(self.backend, xs))
+        call = delay_operators.delay_linear if torch.compiler.is_compiling() else \
+            delay_passes.DelayLinearFunction.apply
+        y = call(xs, self.weight, self.delay, self.bias, float(self.max_delay), P, _uses_triton(self.backend, xs))
         if single:
             y = y.squeeze(1)
         if not return_history:
@@ -310,7 +173,8 @@ class Delay(nn.Module):
         if _uses_triton(self.backend, xs) and x.dtype.is_floating_point:
             flat = xs.reshape(*xs.shape[:2], -1)
             d = delay.expand(channels).reshape(-1)
-            y = _DelayFn.apply(flat, d, float(self.max_delay), P).reshape(len(x), *x.shape[1:])
+            call = delay_operators.delay_channels if torch.compiler.is_compiling() else delay_passes.DelayFunction.apply
+            y = call(flat, d, float(self.max_delay), P).reshape(len(x), *x.shape[1:])
         else:
             y = self._torch(xs, delay.expand(channels), P, len(x))
         return (y, _history(xs, steps)) if return_history else y

@@ -284,8 +284,9 @@ def test_a_captured_call_takes_the_dense_kernels_and_says_why(kernels_launched, 
     layer = _layer("triton", DELAYS, 3.0)
     x = _sparse((6, 2, 4), 0.3, 8).requires_grad_()
     monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
-    with pytest.warns(UserWarning, match="inside a CUDA graph capture runs its dense kernels.*run eagerly is faster"):
+    with pytest.warns(UserWarning, match="inside a CUDA graph capture runs its dense kernels.*run eagerly is faster") as seen:
         y = layer(x)
+    assert [Path(w.filename).name for w in seen] == ["delays.py"]  # (the layer's call)
     _same_values_and_gradients(y, loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0),
                                [x, layer.weight, layer.delay, layer.bias])
     assert kernels_launched == ["_linear_forward", "_linear_grad_taps"]
@@ -329,6 +330,42 @@ def test_a_cuda_graph_replays_the_eager_values_and_gradients():
         graph.replay()
         for got, ref in zip(captured, want):
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend, compiler", [("torch", "aot_eager"), ("triton", "inductor")])
+def test_a_compiled_network_is_one_graph_with_the_eager_values_and_gradients(backend, compiler, kernels_launched,
+                                                                             monkeypatch, fresh_dynamo):
+    """torch.compile(fullgraph=True) of DelayLinear -> LIF -> Delay (learnable) -> DelayLinear: the delay layers are
+    operators the graph holds whole, and the compiled network gives the eager one's output and the gradients of its
+    input and of every parameter. Inside the graph each call still chooses its kernels when it runs: the same ones
+    as eagerly (the event kernels here, the backward listing the events again)."""
+    from flexsn_dsl import delay_kernels
+    _thresholds(monkeypatch, 1.0, 0.5)
+    monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        flexsn_dsl.DelayLinear(12, 6, 3.5, backend=backend),
+        flexsn_dsl.load(Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml", backend=backend),
+        flexsn_dsl.Delay(torch.rand(6, device="cpu") * 3, learnable=True, max_delay=3.0, backend=backend),
+        flexsn_dsl.DelayLinear(6, 4, 2.0, backend=backend)).double().to(torch.get_default_device())
+    with torch.no_grad():
+        net[0].weight.abs_().mul_(4)
+    x = (2 * _sparse((10, 3, 12), 0.2, 5)).requires_grad_()
+    params = [x, *net.parameters()]
+    compiled = torch.compile(net, fullgraph=True, backend=compiler)
+    runs, launches = [], []
+    for call in (net, compiled):
+        flexsn_dsl.reset_net(net)
+        kernels_launched.clear()
+        y = call(x)
+        runs.append((y, *_grads(y, params)))
+        launches.append(list(kernels_launched))
+    assert 0 < int((runs[0][0] != 0).sum()) and len(runs[0]) == 1 + 1 + 7
+    for got, want in zip(*runs):
+        _close(got, want)
+    assert launches[1] == launches[0]
+    if backend == "triton":
+        assert {"_linear_forward_events", "_linear_grad_taps_events"} <= set(launches[0])
 
 
 def _saved_pointers(run):

@@ -60,10 +60,11 @@ def test_trains_on_random_data_of_shds_shapes(capsys):
     assert all(np.isfinite(losses)) and losses[0] != losses[1]  # the delays and weights moved
 
 
-def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
+def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch, fresh_dynamo):
     """benchmarks/delay_bench.py's CPU smoke run: the layers' input densities it reports are those of its input and
     of hidden layers made active by --gain, and the table, the profile, the kernels' timings, the listing's in
-    each shape and each layer's alone print (the GPU session's commands); --cuda-graph is refused without a GPU."""
+    each shape and each layer's alone print (the GPU session's commands), also the step of the network compiled as
+    one graph; --cuda-graph is refused without a GPU."""
     from flexsn_dsl import delay_kernels
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import delay_bench
@@ -99,6 +100,9 @@ def test_delay_bench_runs_on_the_cpu(capsys, monkeypatch):
             "->" in line]
     assert [(r[0].strip(), int(r[1])) for r in rows] == [("24 -> 8", 8), ("8 -> 8", 8)]
     assert all(float(r[2]) > 0 for r in rows)
+    delay_bench.main(["--quick", "--compile", "eager"])  # (dynamo's capture alone: the compiled graph runs eagerly)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8 | flexsn-dsl"))
+    assert float(row.split("|")[3]) > 0
     if not torch.cuda.is_available():  # (CUDA graphs: refused on the CPU, with the reason)
         with pytest.raises(SystemExit):
             delay_bench.main(["--quick", "--cuda-graph"])

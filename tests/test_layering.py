@@ -113,7 +113,7 @@ def test_the_package_has_no_import_cycles():
     assert {"model.build", "model.language", "model.neuron", "model.values"} <= graph["model"]
     assert {"model.context", "model.declarations", "model.equations", "model.steps"} <= graph["model.build"]
     assert "model.context" in graph["model.equations"] and "model" in graph["compiler"] and "model" in graph["nir.kinds"]
-    assert "delays" in graph[INIT] and "delay_kernels" in graph["delays"]
+    assert "delays" in graph[INIT] and "delay_kernels" in graph["delay_passes"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -133,8 +133,10 @@ def test_the_triton_modules_import_only_the_stages_before_them():
     assert not graph["triton_recurrent"] & {"triton_operators", "triton_runtime"}
 
 
-# the delay layers, a stage beside the neurons': each imports only the package modules named here
-DELAY_LAYERS = {"delays": {"delay_kernels"}, "delay_kernels": {"triton_settings"}}
+# the delay layers, a stage beside the neurons': each imports only the package modules named here (the modules
+# above their passes, which the compiled operators call too, above the kernels)
+DELAY_LAYERS = {"delays": {"delay_operators", "delay_passes"}, "delay_operators": {"delay_passes"},
+                "delay_passes": {"delay_kernels"}, "delay_kernels": {"triton_settings"}}
 
 
 def test_the_delay_modules_import_only_their_kernels_and_the_settings():
