@@ -369,7 +369,8 @@ def layer_times(T: int, B: int, max_delays: list[int], density: float, device: s
     print("|---|---|---|---|---|")
     g = torch.Generator("cpu").manual_seed(0)
     for inputs, outputs, input_grad in shapes:
-        x = (torch.rand(T, B, inputs, generator=g, device="cpu") < density).float().to(device).requires_grad_(input_grad)
+        x = (torch.rand(T, B, inputs, generator=g, device="cpu") < density).float().to(device)
+        x.requires_grad_(input_grad)
         grad = torch.randn(T, B, outputs, generator=g, device="cpu").to(device)
         for max_delay in max_delays:
             torch.manual_seed(0)

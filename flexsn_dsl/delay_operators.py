@@ -45,7 +45,8 @@ def delay_linear_backward(g: torch.Tensor, xs: torch.Tensor, weight: torch.Tenso
 
 @delay_linear_backward.register_fake
 def _(g, xs, weight, delay, max_delay, P, triton, wanted):
-    return _grads(wanted, [xs, weight, delay], [torch.empty_like(xs), torch.empty_like(weight), torch.empty_like(delay)])
+    likes = [xs, weight, delay]
+    return _grads(wanted, likes, [torch.empty_like(t) for t in likes])
 
 
 def _keep_linear(ctx, inputs, output) -> None:
@@ -85,7 +86,8 @@ def delay_channels_backward(g: torch.Tensor, xs: torch.Tensor, delay: torch.Tens
 
 @delay_channels_backward.register_fake
 def _(g, xs, delay, max_delay, P, wanted):
-    return _grads(wanted, [xs, delay], [torch.empty_like(xs), torch.empty_like(delay)])
+    likes = [xs, delay]
+    return _grads(wanted, likes, [torch.empty_like(t) for t in likes])
 
 
 def _keep_channels(ctx, inputs, output) -> None:

@@ -29,7 +29,7 @@ def _kernels() -> Any:
     return delay_kernels
 
 
-def split(delay: torch.Tensor, max_delay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _split(delay: torch.Tensor, max_delay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(k, f, inside)``: whole steps and fraction of the clamped delay, and where the clamp passes gradients."""
     d = delay.detach().clamp(0, max_delay)
     k = d.floor()
@@ -64,7 +64,7 @@ def linear_forward(xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, 
     """``(y, kept, events)``: ``y [T, B, J]`` of :class:`~flexsn_dsl.DelayLinear`; where ``keep_taps`` (the weight's
     or the delay's gradient is wanted), what the backward's tap gradients read: ``(xs,)``, or where they take the
     event kernels the by-input list's tensors (``events`` true); ``()`` otherwise."""
-    k, f, _ = split(delay, max_delay)
+    k, f, _ = _split(delay, max_delay)
     a, c = weight * (1 - f), weight * f
     T = xs.shape[0] - P
     if not triton:
@@ -104,7 +104,7 @@ def linear_backward(g: torch.Tensor, kept: tuple[torch.Tensor, ...], events: boo
                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The gradients of ``xs`` (of ``shape`` and ``dtype``), the weight and the delay, each where ``wanted``, from
     that of ``y``, ``g [T, B, J]``, and :func:`linear_forward`'s ``kept`` and ``events``."""
-    k, f, inside = split(delay, max_delay)
+    k, f, inside = _split(delay, max_delay)
     a, c = weight * (1 - f), weight * f
     want_x, want_w, want_d = wanted
     grad_x = s0 = s1 = None
@@ -141,7 +141,8 @@ class DelayLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, bias: torch.Tensor | None,
                 max_delay: float, P: int, triton: bool) -> torch.Tensor:
-        ctx.args, ctx.has_bias, ctx.shape, ctx.dtype = (max_delay, P, triton), bias is not None, tuple(xs.shape), xs.dtype
+        ctx.args, ctx.has_bias = (max_delay, P, triton), bias is not None
+        ctx.shape, ctx.dtype = tuple(xs.shape), xs.dtype
         y, kept, ctx.events = linear_forward(xs, weight, delay, bias, max_delay, P, triton,
                                              any(ctx.needs_input_grad[1:3]))
         ctx.save_for_backward(*kept, weight, delay)
@@ -159,7 +160,7 @@ class DelayLinearFunction(torch.autograd.Function):
 
 def channel_forward(xs: torch.Tensor, delay: torch.Tensor, max_delay: float, P: int) -> torch.Tensor:
     """``y [T, B, C]`` of :class:`~flexsn_dsl.Delay` on the Triton kernels, from ``xs [P + T, B, C]``."""
-    k, f, _ = split(delay, max_delay)
+    k, f, _ = _split(delay, max_delay)
     work = _work(xs.dtype)
     y = _kernels().channel_forward(xs.to(work).contiguous(), (1 - f).to(work).contiguous(), f.to(work).contiguous(),
                                    k.to(torch.int32).contiguous(), xs.shape[0] - P, P)
@@ -169,7 +170,7 @@ def channel_forward(xs: torch.Tensor, delay: torch.Tensor, max_delay: float, P: 
 def channel_backward(g: torch.Tensor, xs: torch.Tensor, delay: torch.Tensor, max_delay: float, P: int,
                      want_x: bool, want_d: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The gradients of ``xs`` and of the delay, each where wanted, from that of ``y``, ``g [T, B, C]``."""
-    k, f, inside = split(delay, max_delay)
+    k, f, inside = _split(delay, max_delay)
     work = _work(xs.dtype)
     gw, ki = g.to(work).contiguous(), k.to(torch.int32).contiguous()
     grad_x = grad_d = None

@@ -284,7 +284,8 @@ def test_a_captured_call_takes_the_dense_kernels_and_says_why(kernels_launched, 
     layer = _layer("triton", DELAYS, 3.0)
     x = _sparse((6, 2, 4), 0.3, 8).requires_grad_()
     monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
-    with pytest.warns(UserWarning, match="inside a CUDA graph capture runs its dense kernels.*run eagerly is faster") as seen:
+    expected = "inside a CUDA graph capture runs its dense kernels.*run eagerly is faster"
+    with pytest.warns(UserWarning, match=expected) as seen:
         y = layer(x)
     assert [Path(w.filename).name for w in seen] == ["delays.py"]  # (the layer's call)
     _same_values_and_gradients(y, loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0),
