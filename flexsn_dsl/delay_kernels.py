@@ -513,7 +513,7 @@ def linear_forward(xs: torch.Tensor, a: torch.Tensor, c: torch.Tensor, k: torch.
     if events is not None and T * B * J:
         grid = _forward_grid(B, J, T)
         _check(reach, P, L * B * I, T * B * J)
-        y = bias.expand(T, B, J).contiguous() if bias is not None else xs.new_zeros((T, B, J))
+        y = xs.new_empty((T, B, J)).copy_(bias) if bias is not None else xs.new_zeros((T, B, J))
         if events.values.numel():
             _linear_forward_events[grid](*events[:4],  # by (b, s), then i
                                          a.T.contiguous(), c.T.contiguous(), k.T.contiguous(), y, T, B, J, L, P,

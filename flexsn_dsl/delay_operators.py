@@ -1,8 +1,9 @@
 """The delay layers' passes (:mod:`flexsn_dsl.delay_passes`) as operators for torch.compile, which treats them as
-opaque: a network with :class:`~flexsn_dsl.DelayLinear` or :class:`~flexsn_dsl.Delay` compiles as one graph
-(``fullgraph=True``), and each call still chooses its kernels when it runs, the event kernels included (their
-choice waits for the GPU, which a traced graph cannot). The compiled forward keeps the input for the backward,
-whose operator lists the events again where the tap gradients take them."""
+opaque: :class:`~flexsn_dsl.DelayLinear` (both backends) and :class:`~flexsn_dsl.Delay` (the Triton backend; its
+torch backend is traced) compile into one graph (``fullgraph=True``; a learnable ``Delay`` needs a finite
+``max_delay``), and each call still chooses its kernels when it runs, the event kernels included (their choice
+waits for the GPU, which a traced graph cannot). The compiled forward keeps the input for the backward, whose
+operator lists the events again where the tap gradients take them."""
 from __future__ import annotations
 
 from typing import Optional
@@ -15,8 +16,9 @@ __all__ = ["delay_channels", "delay_linear"]
 
 
 def _grads(wanted: list[bool], likes: list[torch.Tensor], grads) -> list[torch.Tensor]:
-    """The operators' gradients: each wanted one, and an empty tensor for each other (an operator returns tensors)."""
-    return [g if want else like.new_empty(0) for want, like, g in zip(wanted, likes, grads)]
+    """The operators' gradients: each wanted one (contiguous, as the fake ones are), and an empty tensor for each
+    other (an operator returns tensors)."""
+    return [g.contiguous() if want else like.new_empty(0) for want, like, g in zip(wanted, likes, grads)]
 
 
 @torch.library.custom_op("flexsn_dsl::delay_linear", mutates_args=())
@@ -46,7 +48,7 @@ def delay_linear_backward(g: torch.Tensor, xs: torch.Tensor, weight: torch.Tenso
 @delay_linear_backward.register_fake
 def _(g, xs, weight, delay, max_delay, P, triton, wanted):
     likes = [xs, weight, delay]
-    return _grads(wanted, likes, [torch.empty_like(t) for t in likes])
+    return _grads(wanted, likes, [t.new_empty(t.shape) for t in likes])
 
 
 def _keep_linear(ctx, inputs, output) -> None:
@@ -58,7 +60,7 @@ def _keep_linear(ctx, inputs, output) -> None:
 def _linear_backward(ctx, g: torch.Tensor) -> tuple:
     xs, weight, delay = ctx.saved_tensors
     wanted = list(ctx.needs_input_grad[:3])
-    grads = delay_linear_backward(g, xs, weight, delay, *ctx.args, wanted)
+    grads = delay_linear_backward(g, xs, weight, delay, *ctx.args, wanted) if any(wanted) else [None] * 3
     grad_b = g.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[3] else None
     return *(grad if want else None for want, grad in zip(wanted, grads)), grad_b, None, None, None
 
@@ -87,7 +89,7 @@ def delay_channels_backward(g: torch.Tensor, xs: torch.Tensor, delay: torch.Tens
 @delay_channels_backward.register_fake
 def _(g, xs, delay, max_delay, P, wanted):
     likes = [xs, delay]
-    return _grads(wanted, likes, [torch.empty_like(t) for t in likes])
+    return _grads(wanted, likes, [t.new_empty(t.shape) for t in likes])
 
 
 def _keep_channels(ctx, inputs, output) -> None:

@@ -299,6 +299,23 @@ def test_a_captured_call_takes_the_dense_kernels_and_says_why(kernels_launched, 
     assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"]
 
 
+def test_a_step_at_a_time_on_the_event_kernels_leaves_the_bias_alone(kernels_launched, monkeypatch):
+    """One step of one sample a call (the event forward starts its output from the bias, here a view of it would
+    be [1, 1, J]): the calls give the loop's steps, and the bias is never written."""
+    from flexsn_dsl import delay_kernels
+    _thresholds(monkeypatch, 1.0, 0.5)
+    monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
+    layer = _layer("triton", DELAYS, 3.0)
+    bias = layer.bias.detach().clone()
+    x = _sparse((6, 1, 4), 0.5, 3)
+    outs, h = [], None
+    for t in range(len(x)):
+        y, h = layer(x[t:t + 1], history=h, return_history=True)
+        outs.append(y.detach())
+    assert "_linear_forward_events" in kernels_launched and torch.equal(layer.bias.detach(), bias)
+    _close(torch.cat(outs), loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0).detach())
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreting(),
                     reason="CUDA graphs need a CUDA GPU and compiled Triton kernels (not the interpreter)")
 def test_a_cuda_graph_replays_the_eager_values_and_gradients():
@@ -336,10 +353,11 @@ def test_a_cuda_graph_replays_the_eager_values_and_gradients():
 @pytest.mark.parametrize("backend, compiler", [("torch", "aot_eager"), ("triton", "inductor")])
 def test_a_compiled_network_is_one_graph_with_the_eager_values_and_gradients(backend, compiler, kernels_launched,
                                                                              monkeypatch, fresh_dynamo):
-    """torch.compile(fullgraph=True) of DelayLinear -> LIF -> Delay (learnable) -> DelayLinear: the delay layers are
-    operators the graph holds whole, and the compiled network gives the eager one's output and the gradients of its
-    input and of every parameter. Inside the graph each call still chooses its kernels when it runs: the same ones
-    as eagerly (the event kernels here, the backward listing the events again)."""
+    """torch.compile(fullgraph=True) of DelayLinear -> LIF -> Delay (learnable) -> DelayLinear (fixed delays, no
+    bias) on an input that is not contiguous: the delay layers are operators the graph holds whole, and the compiled
+    network gives the eager one's output and the gradients of its input and of every parameter. Inside the graph
+    each call still chooses its kernels when it runs: the same ones as eagerly (the event kernels here, the
+    backward listing the events again)."""
     from flexsn_dsl import delay_kernels
     _thresholds(monkeypatch, 1.0, 0.5)
     monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
@@ -348,11 +366,13 @@ def test_a_compiled_network_is_one_graph_with_the_eager_values_and_gradients(bac
         flexsn_dsl.DelayLinear(12, 6, 3.5, backend=backend),
         flexsn_dsl.load(Path(__file__).resolve().parents[1] / "neurons" / "lif.yaml", backend=backend),
         flexsn_dsl.Delay(torch.rand(6, device="cpu") * 3, learnable=True, max_delay=3.0, backend=backend),
-        flexsn_dsl.DelayLinear(6, 4, 2.0, backend=backend)).double().to(torch.get_default_device())
+        flexsn_dsl.DelayLinear(6, 4, 2.0, bias=False, learn_delay=False, backend=backend),
+    ).double().to(torch.get_default_device())
     with torch.no_grad():
         net[0].weight.abs_().mul_(4)
-    x = (2 * _sparse((10, 3, 12), 0.2, 5)).requires_grad_()
-    params = [x, *net.parameters()]
+    leaf = (2 * _sparse((3, 10, 12), 0.2, 5)).requires_grad_()
+    x = leaf.transpose(0, 1)
+    params = [leaf, *net.parameters()]
     compiled = torch.compile(net, fullgraph=True, backend=compiler)
     runs, launches = [], []
     for call in (net, compiled):
@@ -361,7 +381,7 @@ def test_a_compiled_network_is_one_graph_with_the_eager_values_and_gradients(bac
         y = call(x)
         runs.append((y, *_grads(y, params)))
         launches.append(list(kernels_launched))
-    assert 0 < int((runs[0][0] != 0).sum()) and len(runs[0]) == 1 + 1 + 7
+    assert 0 < int((runs[0][0] != 0).sum()) and len(runs[0]) == 1 + 1 + 5
     for got, want in zip(*runs):
         _close(got, want)
     assert launches[1] == launches[0]
