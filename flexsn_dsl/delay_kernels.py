@@ -393,7 +393,7 @@ def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int) -> Eve
                       f"kernels counts the input's nonzero entries on the host, which a capture cannot wait for. For "
                       f"inputs sparser than about {EVENT_FORWARD:g} (the forward) to {EVENT_TAPS:g} (the weight and "
                       f"delay gradients) a step run eagerly is faster: about twice as fast for SHD's network at 1 % "
-                      f"(docs/delays.md).", stacklevel=5)
+                      f"(docs/delays.md).", stacklevel=6)
         return EventChoice(False, False, None)
     counts = count_events(xs)
     density = counts.count / max(xs.numel(), 1)
