@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -353,10 +354,11 @@ def _int32(*sizes: int) -> None:
 
 
 class EventCounts(NamedTuple):
-    """An input's events counted (:func:`count_events`): their number, and where the events of each listing program
-    start in each list (int32, exclusive prefix sums, the number last): ``by_step [B * L * blocks + 1]`` per (b, s,
-    block of inputs), ``by_input [I * B * chunks + 1]`` per (i, b, chunk of steps)."""
-    count: int
+    """An input's events counted (:func:`count_events`): their number (None where it was not read back), and where
+    the events of each listing program start in each list (int32, exclusive prefix sums, the number last):
+    ``by_step [B * L * blocks + 1]`` per (b, s, block of inputs), ``by_input [I * B * chunks + 1]`` per (i, b, chunk
+    of steps)."""
+    count: int | None
     by_step: torch.Tensor
     by_input: torch.Tensor
 
@@ -379,28 +381,46 @@ def _capturing(xs: torch.Tensor) -> bool:
     return xs.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int) -> EventChoice:
+# each layer's last eager choice per input, which a captured call of that layer and input follows (key: the layer's
+# weight's address, which a CUDA graph keeps, and the input's shape, dtype and device); the oldest dropped past
+# CHOICES_KEPT
+CHOICES_KEPT = 256
+_chosen: OrderedDict[tuple, tuple[bool, bool]] = OrderedDict()
+
+
+def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int, layer: int) -> EventChoice:
     """Whether the event kernels take the forward and the tap gradients of ``xs`` (taps reaching ``reach`` steps
-    back, ``steps`` output steps of ``outputs`` outputs), from its density (``EVENT_FORWARD``, ``EVENT_TAPS``); the
-    forward only where the batch gives it ``EVENT_PROGRAMS`` programs or more. Counting its events waits for the
-    GPU, so a call counts once (its backward follows the forward's choice), and never while a CUDA graph is
-    captured (the dense kernels, which wait for nothing, run there; a warning says that sparse inputs run faster
-    eagerly). Under torch.compile the layers' operators call it when the graph runs, not while it is traced."""
+    back, ``steps`` output steps of ``outputs`` outputs, for the layer ``layer``: its weight's address), from its
+    density (``EVENT_FORWARD``, ``EVENT_TAPS``); the forward only where the batch gives it ``EVENT_PROGRAMS``
+    programs or more. Counting its events waits for the GPU, so a call counts once (its backward follows the
+    forward's choice). A call captured in a CUDA graph cannot wait: it takes the choice of the layer's last eager
+    call on an input of its shape (the capture's warm-up), and its events are counted but not read back (the lists
+    are then as long as the input: :func:`list_events`); with no such call before it, the dense kernels, and a
+    warning. Under torch.compile the layers' operators call it when the graph runs, not while it is traced."""
     if EVENT_FORWARD <= 0 and EVENT_TAPS <= 0:
         return EventChoice(False, False, None)
+    key = (layer, tuple(xs.shape), xs.dtype, xs.device)
     if _capturing(xs):
-        warnings.warn(f"flexsn-dsl: DelayLinear inside a CUDA graph capture runs its dense kernels: choosing its event "
-                      f"kernels counts the input's nonzero entries on the host, which a capture cannot wait for. For "
-                      f"inputs sparser than about {EVENT_FORWARD:g} (the forward) to {EVENT_TAPS:g} (the weight and "
-                      f"delay gradients) a step run eagerly is faster: about twice as fast for SHD's network at 1 % "
-                      f"(docs/delays.md).", stacklevel=6)
-        return EventChoice(False, False, None)
+        forward, taps = _chosen.get(key, (False, False))
+        if key not in _chosen:
+            warnings.warn(f"flexsn-dsl: DelayLinear captured in a CUDA graph without an eager call on an input of this "
+                          f"shape before it runs its dense kernels: a captured call cannot count its events, so it "
+                          f"follows the choice of the layer's last eager call. Warm the step up eagerly before "
+                          f"capturing it (as torch's CUDA-graph docs show): inputs sparser than about "
+                          f"{EVENT_FORWARD:g} (the forward) to {EVENT_TAPS:g} (the weight and delay gradients) then "
+                          f"take the faster event kernels (docs/delays.md).", stacklevel=6)
+        return EventChoice(forward, taps, count_events(xs, read=False) if forward or taps else None)
     counts = count_events(xs)
     density = counts.count / max(xs.numel(), 1)
     per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
     programs = math.prod(_forward_grid(xs.shape[1], outputs, steps))
-    return EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD and programs >= EVENT_PROGRAMS,
-                       EVENT_TAPS > 0 and density <= EVENT_TAPS, counts)
+    choice = EventChoice(EVENT_FORWARD > 0 and density * per_add <= EVENT_FORWARD and programs >= EVENT_PROGRAMS,
+                         EVENT_TAPS > 0 and density <= EVENT_TAPS, counts)
+    _chosen[key] = choice[:2]
+    _chosen.move_to_end(key)
+    if len(_chosen) > CHOICES_KEPT:
+        _chosen.popitem(last=False)
+    return choice
 
 
 def _listing(xs: torch.Tensor) -> tuple[tuple[int, int], int, int]:
@@ -410,9 +430,10 @@ def _listing(xs: torch.Tensor) -> tuple[tuple[int, int], int, int]:
     return (B * chunks, blocks), blocks, chunks
 
 
-def count_events(xs: torch.Tensor) -> EventCounts:
+def count_events(xs: torch.Tensor, read: bool = True) -> EventCounts:
     """The nonzero entries (events) of ``xs [L, B, I]`` (contiguous), counted per listing program in one pass, and
-    where each program's events start in each list (summed on the GPU; their number read back: one wait)."""
+    where each program's events start in each list (summed on the GPU; their number read back where ``read``: one
+    wait)."""
     L, B, I = xs.shape
     grid, blocks, chunks = _listing(xs)
     by_step = xs.new_zeros(B * L * blocks + 1, dtype=torch.int32)
@@ -425,7 +446,7 @@ def count_events(xs: torch.Tensor) -> EventCounts:
                                CHUNK=LIST_CHUNK, num_warps=4)
     torch.cumsum(per_step, 0, dtype=torch.int32, out=by_step[1:])
     torch.cumsum(per_input, 0, dtype=torch.int32, out=by_input[1:])
-    return EventCounts(int(by_step[-1].item()), by_step, by_input)
+    return EventCounts(int(by_step[-1].item()) if read else None, by_step, by_input)
 
 
 class EventList(NamedTuple):
@@ -445,10 +466,11 @@ def list_events(xs: torch.Tensor, counts: EventCounts, by_step: bool, by_input: 
                 ) -> tuple[EventList | None, EventList | None]:
     """The events of ``xs [L, B, I]`` (contiguous; ``counts`` its :func:`count_events`) in the by-step list (the
     forward's) and the by-input list (the tap gradients'), each where asked for (None elsewhere): one pass over
-    ``xs`` writes both, nothing waiting for the GPU."""
+    ``xs`` writes both, nothing waiting for the GPU. Where the count was not read back, each list has room for every
+    entry of ``xs`` (its tail unused: the kernels read as far as ``start``'s last offset)."""
     L, B, I = xs.shape
     grid, blocks, chunks = _listing(xs)
-    n = counts.count
+    n = xs.numel() if counts.count is None else counts.count
 
     def new(offsets: torch.Tensor, every: int) -> EventList:
         return EventList(offsets[::every].contiguous(), offsets.new_empty(n), offsets.new_empty(n), xs.new_empty(n),

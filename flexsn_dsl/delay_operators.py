@@ -39,7 +39,7 @@ def delay_linear_backward(g: torch.Tensor, xs: torch.Tensor, weight: torch.Tenso
     """The gradients of ``xs``, the weight and the delay (each where ``wanted``, else empty) from that of ``y``."""
     kept, events = (xs,), False
     if triton and any(wanted[1:]):
-        kept, events = delay_passes.taps_source(xs, max_delay, P, weight.shape[0])
+        kept, events = delay_passes.taps_source(xs, weight, max_delay, P)
     grads = delay_passes.linear_backward(g, kept, events, tuple(xs.shape), xs.dtype, weight, delay, max_delay, P,
                                          triton, tuple(wanted))
     return _grads(wanted, [xs, weight, delay], grads)

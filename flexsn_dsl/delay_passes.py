@@ -77,32 +77,32 @@ def linear_forward(xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, 
     work, kernels = _work(xs.dtype), _kernels()
     reach = math.floor(max_delay) + 1
     xw = xs.to(work).contiguous()
-    by_step, kept, events = _listed(xw, xs, reach, T, weight.shape[0], True, keep_taps)
+    by_step, kept, events = _listed(xw, xs, reach, T, weight, True, keep_taps)
     y = kernels.linear_forward(xw, a.to(work).contiguous(), c.to(work).contiguous(), k.to(torch.int32).contiguous(),
                                None if bias is None else bias.to(work), T, P, reach, by_step)
     return y.to(xs.dtype), kept, events
 
 
-def _listed(xw: torch.Tensor, xs: torch.Tensor, reach: int, T: int, outputs: int, forward: bool, keep_taps: bool
-            ) -> tuple[Any, tuple[torch.Tensor, ...], bool]:
-    """The event kernels chosen by the density of ``xw`` (``xs`` in the kernels' dtype, contiguous; one wait for the
-    GPU) and the events listed once for them: the forward's by-step list where ``forward`` asks for it and the
-    event forward runs (else None), and ``(kept, events)`` as :func:`linear_forward` gives them (``xs`` kept where
-    the tap gradients are dense)."""
+def _listed(xw: torch.Tensor, xs: torch.Tensor, reach: int, T: int, weight: torch.Tensor, forward: bool,
+            keep_taps: bool) -> tuple[Any, tuple[torch.Tensor, ...], bool]:
+    """The event kernels chosen for the layer of ``weight`` by the density of ``xw`` (``xs`` in the kernels' dtype,
+    contiguous; one wait for the GPU) and the events listed once for them: the forward's by-step list where
+    ``forward`` asks for it and the event forward runs (else None), and ``(kept, events)`` as :func:`linear_forward`
+    gives them (``xs`` kept where the tap gradients are dense)."""
     kernels = _kernels()
-    choice = kernels.event_kernels(xw, reach, T, outputs)
+    choice = kernels.event_kernels(xw, reach, T, weight.shape[0], weight.data_ptr())
     by_steps, events = forward and choice.forward, keep_taps and choice.taps  # (the backward follows this choice)
     by_step, by_input = kernels.list_events(xw, choice.counts, by_steps, events) if (
         by_steps or events) else (None, None)
     return by_step, tuple(by_input[:4]) if events else (xs,) if keep_taps else (), events
 
 
-def taps_source(xs: torch.Tensor, max_delay: float, P: int, outputs: int
+def taps_source(xs: torch.Tensor, weight: torch.Tensor, max_delay: float, P: int
                 ) -> tuple[tuple[torch.Tensor, ...], bool]:
     """``(kept, events)`` as :func:`linear_forward` gives them where ``keep_taps``, on the Triton backend, from the
     input alone (the input kept in the kernels' dtype)."""
     xw = xs.to(_work(xs.dtype)).contiguous()
-    return _listed(xw, xw, math.floor(max_delay) + 1, xs.shape[0] - P, outputs, False, True)[1:]
+    return _listed(xw, xw, math.floor(max_delay) + 1, xs.shape[0] - P, weight, False, True)[1:]
 
 
 def linear_backward(g: torch.Tensor, kept: tuple[torch.Tensor, ...], events: bool, shape: tuple[int, ...],

@@ -247,14 +247,15 @@ def test_event_kernels_are_chosen_per_kernel_by_density_and_reach(monkeypatch):
     x.view(-1)[::100] = 1.0  # (20 of 2,000)
     steps = delay_kernels.EVENT_STEPS
     many = (steps + 1, delay_kernels.EVENT_PROGRAMS // 8 * delay_kernels.EVENT_OUTPUTS)  # (4 x 16 x 2 programs)
-    assert delay_kernels.event_kernels(x, steps // 4, *many)[:2] == (True, True)  # 0.01 x (1 + 0.5 x 1.25) = 0.01625
-    assert delay_kernels.event_kernels(x, 2 * steps, *many)[:2] == (False, True)  # 0.01 x (1 + 0.5 x 3) = 0.025
-    assert delay_kernels.event_kernels(x, steps // 4, steps, many[1])[:2] == (False, True)  # (half the programs)
+    monkeypatch.setattr(delay_kernels, "_chosen", type(delay_kernels._chosen)())
+    assert delay_kernels.event_kernels(x, steps // 4, *many, 0)[:2] == (True, True)  # 0.01 (1 + 0.5 x 1.25) = 0.01625
+    assert delay_kernels.event_kernels(x, 2 * steps, *many, 0)[:2] == (False, True)  # 0.01 x (1 + 0.5 x 3) = 0.025
+    assert delay_kernels.event_kernels(x, steps // 4, steps, many[1], 0)[:2] == (False, True)  # (half the programs)
     _thresholds(monkeypatch, 0.021, 0.005)
-    choice = delay_kernels.event_kernels(x, 1, *many)
+    choice = delay_kernels.event_kernels(x, 1, *many, 0)
     assert choice[:2] == (True, False) and choice.counts.count == 20
     _thresholds(monkeypatch, 0.0, 0.0)
-    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1, *many) == (False, False, None)
+    assert delay_kernels.event_kernels(torch.zeros(3, 2, 2), 1, *many, 0) == (False, False, None)
 
 
 @pytest.mark.parametrize("T", [6, 2])
@@ -273,30 +274,85 @@ def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, 
     assert 0 < torch.count_nonzero(x) < x.numel() / 2
 
 
-def test_a_captured_call_takes_the_dense_kernels_and_says_why(kernels_launched, monkeypatch):
-    """Inside a CUDA graph capture (simulated: no GPU here) a call cannot wait for the count of its events: it runs the
-    dense kernels, equal to the loop, and warns that a sparse input runs faster eagerly. Outside one the same call
-    takes the event kernels, without a warning."""
+def _capture(monkeypatch) -> list[bool]:
+    """Every call from here on as inside a CUDA graph capture (simulated: no GPU here), with no eager choice seen
+    before this test; the ``read`` of each count of events made."""
+    from flexsn_dsl import delay_kernels
+    monkeypatch.setattr(delay_kernels, "_chosen", type(delay_kernels._chosen)())
+    count, reads = delay_kernels.count_events, []
+
+    def counted(xs, read=True):
+        reads.append(read)
+        return count(xs, read)
+    monkeypatch.setattr(delay_kernels, "count_events", counted)
+    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
+    return reads
+
+
+def test_a_captured_call_follows_the_layers_last_eager_choice(kernels_launched, monkeypatch):
+    """A call inside a CUDA graph capture cannot wait for the count of its events: it takes the kernels that the
+    layer's last eager call on an input of its shape took (the capture's warm-up), without a warning, and lists its
+    events without reading their number back, in lists with room for every entry. So an input denser at replay
+    than at the warm-up still gives the loop's values and gradients, on the event kernels. A layer whose warm-up
+    input was dense stays dense; a shape seen by no eager call is dense too (next test)."""
     import warnings
+    from flexsn_dsl import delay_kernels
+    _thresholds(monkeypatch, 0.5, 0.5)
+    monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
+    reads = _capture(monkeypatch)
+    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: False)
+    sparse, dense = _layer("triton", DELAYS, 3.0), _layer("triton", DELAYS, 3.0, seed=1)
+    sparse(_sparse((6, 2, 4), 0.3, 8))  # the warm-ups: event kernels and dense ones
+    dense(_sparse((6, 2, 4), 0.9, 9))
+    assert kernels_launched == ["_linear_forward_events", "_linear_forward"] and reads == [True, True]
+    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
+    x = _sparse((6, 2, 4), 0.9, 10).requires_grad_()  # (denser than the warm-up's)
+    for layer, kernels, read in ((sparse, ["_linear_forward_events", "_linear_grad_taps_events"], [False]),
+                                 (dense, ["_linear_forward", "_linear_grad_taps"], [])):
+        kernels_launched.clear()
+        reads.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = layer(x)
+            _same_values_and_gradients(y, loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0),
+                                       [x, layer.weight, layer.delay, layer.bias])
+        assert kernels_launched == kernels and reads == read
+
+
+def test_a_captured_call_without_an_eager_one_takes_the_dense_kernels_and_says_why(kernels_launched, monkeypatch):
+    """A layer captured with no eager call on an input of that shape before it (no warm-up, or another shape: the
+    choice is per layer and shape) runs the dense kernels, equal to the loop, and warns that a warm-up lets sparse
+    inputs take the event kernels."""
     from flexsn_dsl import delay_kernels
     _thresholds(monkeypatch, 1.0, 0.5)
     monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
-    layer = _layer("triton", DELAYS, 3.0)
-    x = _sparse((6, 2, 4), 0.3, 8).requires_grad_()
-    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
-    expected = "inside a CUDA graph capture runs its dense kernels.*run eagerly is faster"
-    with pytest.warns(UserWarning, match=expected) as seen:
-        y = layer(x)
-    assert [Path(w.filename).name for w in seen] == ["delays.py"]  # (the layer's call)
-    _same_values_and_gradients(y, loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0),
-                               [x, layer.weight, layer.delay, layer.bias])
-    assert kernels_launched == ["_linear_forward", "_linear_grad_taps"]
+    _capture(monkeypatch)
     monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: False)
+    warmed, layer = _layer("triton", DELAYS, 3.0), _layer("triton", DELAYS, 3.0, seed=1)
+    warmed(_sparse((6, 2, 4), 0.3, 8))  # (another layer, and another shape)
+    warmed(_sparse((5, 2, 4), 0.3, 8))
+    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
+    x = _sparse((6, 2, 4), 0.3, 8).requires_grad_()
     kernels_launched.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        layer(x).sum().backward()
-    assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"]
+    for call in (layer, lambda x: warmed(torch.cat([x, x]))):
+        with pytest.warns(UserWarning, match="without an eager call on an input of this shape.*Warm the step") as seen:
+            y = call(x)
+        assert [Path(w.filename).name for w in seen] == ["delays.py"]  # (the layer's call)
+    _same_values_and_gradients(y, loop_linear(torch.cat([x, x]), warmed.weight, warmed.delay, warmed.bias, 3.0),
+                               [x, warmed.weight, warmed.delay, warmed.bias])
+    assert kernels_launched == ["_linear_forward", "_linear_forward", "_linear_grad_taps"]
+
+
+def test_the_eager_choices_kept_are_bounded(monkeypatch):
+    """The choices kept for captured calls (one per layer and input shape) are the newest CHOICES_KEPT."""
+    from flexsn_dsl import delay_kernels
+    _thresholds(monkeypatch, 1.0, 0.5)
+    monkeypatch.setattr(delay_kernels, "CHOICES_KEPT", 2)
+    _capture(monkeypatch)
+    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: False)
+    for steps in (3, 4, 5, 4):
+        delay_kernels.event_kernels(torch.zeros(steps, 2, 2), 1, steps, 8, 7)
+    assert [key[1][0] for key in delay_kernels._chosen] == [5, 4]
 
 
 def test_a_step_at_a_time_on_the_event_kernels_leaves_the_bias_alone(kernels_launched, monkeypatch):
@@ -318,14 +374,19 @@ def test_a_step_at_a_time_on_the_event_kernels_leaves_the_bias_alone(kernels_lau
 
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreting(),
                     reason="CUDA graphs need a CUDA GPU and compiled Triton kernels (not the interpreter)")
-def test_a_cuda_graph_replays_the_eager_values_and_gradients():
-    """A DelayLinear call and its backward captured in a CUDA graph (a sparse input: the capture warns that it takes
-    the dense kernels) replay the eager call's output and gradients, for new inputs copied into the captured ones."""
+def test_a_cuda_graph_replays_the_eager_values_and_gradients(kernels_launched, monkeypatch):
+    """A DelayLinear call and its backward captured in a CUDA graph after an eager warm-up on a sparse input take the
+    event kernels, as the warm-up did, without a warning, and replay the eager call's output and gradients for new
+    inputs copied into the captured one: sparse ones, and one denser than the event kernels' thresholds."""
+    import warnings
+    from flexsn_dsl import delay_kernels
+    _thresholds(monkeypatch, 0.5, 0.5)
+    monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)  # (the event forward on a small batch)
     torch.manual_seed(0)
     layer = flexsn_dsl.DelayLinear(24, 8, 6.0, device="cuda")
     params = [layer.weight, layer.delay, layer.bias]
-    inputs = [((torch.rand(20, 4, 24, device="cuda") < 0.05).float(), torch.randn(20, 4, 8, device="cuda"))
-              for _ in range(3)]
+    inputs = [((torch.rand(20, 4, 24, device="cuda") < density).float(), torch.randn(20, 4, 8, device="cuda"))
+              for density in (0.05, 0.05, 0.9, 0.02)]
     eager = []
     for x, g in inputs:
         y = layer(x)
@@ -338,10 +399,13 @@ def test_a_cuda_graph_replays_the_eager_values_and_gradients():
         torch.autograd.grad(layer(x), params, g)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with pytest.warns(UserWarning, match="inside a CUDA graph capture runs its dense kernels"):
+    kernels_launched.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         with torch.cuda.graph(graph):
             y = layer(x)
             captured = (y, *torch.autograd.grad(y, params, g))
+    assert kernels_launched == ["_linear_forward_events", "_linear_grad_taps_events"]
     for (new_x, new_g), want in zip(inputs[::-1], eager[::-1]):
         x.copy_(new_x)
         g.copy_(new_g)
