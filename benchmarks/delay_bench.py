@@ -18,7 +18,7 @@ listing of its input's events in tiles of several shapes: the measurement behind
 ``--layers`` each delay layer alone (700 -> 256 and 256 -> 256, forward and backward) against ``Dcls1d``, at any
 ``-T`` (the delay-learning papers on SHD bin it to 100 to 250 steps, with longest delays of 25 to 250).
 ``--cuda-graph`` captures the training step (with ``--layers``, each layer's call) as one CUDA graph and times its
-replays, in both implementations (inside a capture DelayLinear takes its dense kernels, which wait for nothing);
+replays, in both implementations (inside a capture DelayLinear takes the kernels its warm-up steps chose);
 ``--compile [BACKEND]`` times the step of each network compiled with ``torch.compile(fullgraph=True)`` (inductor
 unless a backend is named; DelayLinear is one operator of the graph, choosing its kernels when it runs).
 ``--profile`` prints instead where one flexsn-dsl step's GPU time goes (torch.profiler, the kernels with the most

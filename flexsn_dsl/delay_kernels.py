@@ -365,7 +365,7 @@ class EventCounts(NamedTuple):
 
 class EventChoice(NamedTuple):
     """Whether the event kernels take a call's forward and its tap gradients (:func:`event_kernels`), and its input's
-    events counted (None where none were: the dense kernels take both)."""
+    events counted (None where none were: the dense kernels take both, or the call is captured in a CUDA graph)."""
     forward: bool
     taps: bool
     counts: EventCounts | None
@@ -382,24 +382,23 @@ def _capturing(xs: torch.Tensor) -> bool:
 
 
 # each layer's last eager choice per input, which a captured call of that layer and input follows (key: the layer's
-# weight's address, which a CUDA graph keeps, and the input's shape, dtype and device); the oldest dropped past
-# CHOICES_KEPT
+# number, the input's shape, dtype and device, and the output steps); the oldest dropped past CHOICES_KEPT
 CHOICES_KEPT = 256
 _chosen: OrderedDict[tuple, tuple[bool, bool]] = OrderedDict()
 
 
 def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int, layer: int) -> EventChoice:
     """Whether the event kernels take the forward and the tap gradients of ``xs`` (taps reaching ``reach`` steps
-    back, ``steps`` output steps of ``outputs`` outputs, for the layer ``layer``: its weight's address), from its
-    density (``EVENT_FORWARD``, ``EVENT_TAPS``); the forward only where the batch gives it ``EVENT_PROGRAMS``
-    programs or more. Counting its events waits for the GPU, so a call counts once (its backward follows the
-    forward's choice). A call captured in a CUDA graph cannot wait: it takes the choice of the layer's last eager
-    call on an input of its shape (the capture's warm-up), and its events are counted but not read back (the lists
-    are then as long as the input: :func:`list_events`); with no such call before it, the dense kernels, and a
+    back, ``steps`` output steps of ``outputs`` outputs, for the layer numbered ``layer``), from its density
+    (``EVENT_FORWARD``, ``EVENT_TAPS``); the forward only where the batch gives it ``EVENT_PROGRAMS`` programs or
+    more. Counting its events waits for the GPU, so a call counts once (its backward follows the forward's choice).
+    A call captured in a CUDA graph cannot wait: it takes the choice of the layer's last eager call on an input of
+    its shape (the capture's warm-up), with no counts (the caller counts the events it lists without reading their
+    number back: :func:`count_events`, :func:`list_events`); with no such call before it, the dense kernels, and a
     warning. Under torch.compile the layers' operators call it when the graph runs, not while it is traced."""
     if EVENT_FORWARD <= 0 and EVENT_TAPS <= 0:
         return EventChoice(False, False, None)
-    key = (layer, tuple(xs.shape), xs.dtype, xs.device)
+    key = (layer, tuple(xs.shape), xs.dtype, xs.device, steps)
     if _capturing(xs):
         forward, taps = _chosen.get(key, (False, False))
         if key not in _chosen:
@@ -409,7 +408,7 @@ def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int, layer:
                           f"capturing it (as torch's CUDA-graph docs show): inputs sparser than about "
                           f"{EVENT_FORWARD:g} (the forward) to {EVENT_TAPS:g} (the weight and delay gradients) then "
                           f"take the faster event kernels (docs/delays.md).", stacklevel=6)
-        return EventChoice(forward, taps, count_events(xs, read=False) if forward or taps else None)
+        return EventChoice(forward, taps, None)
     counts = count_events(xs)
     density = counts.count / max(xs.numel(), 1)
     per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS

@@ -23,37 +23,38 @@ def _grads(wanted: list[bool], likes: list[torch.Tensor], grads) -> list[torch.T
 
 @torch.library.custom_op("flexsn_dsl::delay_linear", mutates_args=())
 def delay_linear(xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, bias: Optional[torch.Tensor],
-                 max_delay: float, P: int, triton: bool) -> torch.Tensor:
+                 max_delay: float, P: int, triton: bool, layer: int) -> torch.Tensor:
     """:class:`~flexsn_dsl.DelayLinear`'s forward: ``y [T, B, J]`` from ``xs [P + T, B, I]``."""
-    return delay_passes.linear_forward(xs, weight, delay, bias, max_delay, P, triton, False)[0]
+    return delay_passes.linear_forward(xs, weight, delay, bias, max_delay, P, triton, layer, False)[0]
 
 
 @delay_linear.register_fake
-def _(xs, weight, delay, bias, max_delay, P, triton):
+def _(xs, weight, delay, bias, max_delay, P, triton, layer):
     return xs.new_empty((xs.shape[0] - P, xs.shape[1], weight.shape[0]))
 
 
 @torch.library.custom_op("flexsn_dsl::delay_linear_backward", mutates_args=())
 def delay_linear_backward(g: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor,
-                          max_delay: float, P: int, triton: bool, wanted: list[bool]) -> list[torch.Tensor]:
+                          max_delay: float, P: int, triton: bool, layer: int, wanted: list[bool]
+                          ) -> list[torch.Tensor]:
     """The gradients of ``xs``, the weight and the delay (each where ``wanted``, else empty) from that of ``y``."""
     kept, events = (xs,), False
     if triton and any(wanted[1:]):
-        kept, events = delay_passes.taps_source(xs, weight, max_delay, P)
+        kept, events = delay_passes.taps_source(xs, max_delay, P, weight.shape[0], layer)
     grads = delay_passes.linear_backward(g, kept, events, tuple(xs.shape), xs.dtype, weight, delay, max_delay, P,
                                          triton, tuple(wanted))
     return _grads(wanted, [xs, weight, delay], grads)
 
 
 @delay_linear_backward.register_fake
-def _(g, xs, weight, delay, max_delay, P, triton, wanted):
+def _(g, xs, weight, delay, max_delay, P, triton, layer, wanted):
     likes = [xs, weight, delay]
     return _grads(wanted, likes, [t.new_empty(t.shape) for t in likes])
 
 
 def _keep_linear(ctx, inputs, output) -> None:
-    xs, weight, delay, bias, max_delay, P, triton = inputs
-    ctx.args, ctx.has_bias = (max_delay, P, triton), bias is not None
+    xs, weight, delay, bias, max_delay, P, triton, layer = inputs
+    ctx.args, ctx.has_bias = (max_delay, P, triton, layer), bias is not None
     ctx.save_for_backward(xs, weight, delay)
 
 
@@ -62,7 +63,7 @@ def _linear_backward(ctx, g: torch.Tensor) -> tuple:
     wanted = list(ctx.needs_input_grad[:3])
     grads = delay_linear_backward(g, xs, weight, delay, *ctx.args, wanted) if any(wanted) else [None] * 3
     grad_b = g.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[3] else None
-    return *(grad if want else None for want, grad in zip(wanted, grads)), grad_b, None, None, None
+    return *(grad if want else None for want, grad in zip(wanted, grads)), grad_b, None, None, None, None
 
 
 delay_linear.register_autograd(_linear_backward, setup_context=_keep_linear)

@@ -59,11 +59,12 @@ def _shifts(k: torch.Tensor) -> list[int]:
 
 
 def linear_forward(xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, bias: torch.Tensor | None,
-                   max_delay: float, P: int, triton: bool, keep_taps: bool
+                   max_delay: float, P: int, triton: bool, layer: int, keep_taps: bool
                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], bool]:
-    """``(y, kept, events)``: ``y [T, B, J]`` of :class:`~flexsn_dsl.DelayLinear`; where ``keep_taps`` (the weight's
-    or the delay's gradient is wanted), what the backward's tap gradients read: ``(xs,)``, or where they take the
-    event kernels the by-input list's tensors (``events`` true); ``()`` otherwise."""
+    """``(y, kept, events)``: ``y [T, B, J]`` of :class:`~flexsn_dsl.DelayLinear` (the layer numbered ``layer``);
+    where ``keep_taps`` (the weight's or the delay's gradient is wanted), what the backward's tap gradients read:
+    ``(xs,)``, or where they take the event kernels the by-input list's tensors (``events`` true); ``()``
+    otherwise."""
     k, f, _ = _split(delay, max_delay)
     a, c = weight * (1 - f), weight * f
     T = xs.shape[0] - P
@@ -77,32 +78,34 @@ def linear_forward(xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, 
     work, kernels = _work(xs.dtype), _kernels()
     reach = math.floor(max_delay) + 1
     xw = xs.to(work).contiguous()
-    by_step, kept, events = _listed(xw, xs, reach, T, weight, True, keep_taps)
+    by_step, kept, events = _listed(xw, xs, reach, T, weight.shape[0], layer, True, keep_taps)
     y = kernels.linear_forward(xw, a.to(work).contiguous(), c.to(work).contiguous(), k.to(torch.int32).contiguous(),
                                None if bias is None else bias.to(work), T, P, reach, by_step)
     return y.to(xs.dtype), kept, events
 
 
-def _listed(xw: torch.Tensor, xs: torch.Tensor, reach: int, T: int, weight: torch.Tensor, forward: bool,
+def _listed(xw: torch.Tensor, xs: torch.Tensor, reach: int, T: int, outputs: int, layer: int, forward: bool,
             keep_taps: bool) -> tuple[Any, tuple[torch.Tensor, ...], bool]:
-    """The event kernels chosen for the layer of ``weight`` by the density of ``xw`` (``xs`` in the kernels' dtype,
-    contiguous; one wait for the GPU) and the events listed once for them: the forward's by-step list where
-    ``forward`` asks for it and the event forward runs (else None), and ``(kept, events)`` as :func:`linear_forward`
-    gives them (``xs`` kept where the tap gradients are dense)."""
+    """The event kernels chosen for the layer numbered ``layer`` by the density of ``xw`` (``xs`` in the kernels'
+    dtype, contiguous; one wait for the GPU, none in a CUDA graph capture) and the events listed once for them: the
+    forward's by-step list where ``forward`` asks for it and the event forward runs (else None), and ``(kept,
+    events)`` as :func:`linear_forward` gives them (``xs`` kept where the tap gradients are dense)."""
     kernels = _kernels()
-    choice = kernels.event_kernels(xw, reach, T, weight.shape[0], weight.data_ptr())
+    choice = kernels.event_kernels(xw, reach, T, outputs, layer)
     by_steps, events = forward and choice.forward, keep_taps and choice.taps  # (the backward follows this choice)
-    by_step, by_input = kernels.list_events(xw, choice.counts, by_steps, events) if (
-        by_steps or events) else (None, None)
+    by_step = by_input = None
+    if by_steps or events:
+        counts = choice.counts if choice.counts is not None else kernels.count_events(xw, read=False)  # (captured)
+        by_step, by_input = kernels.list_events(xw, counts, by_steps, events)
     return by_step, tuple(by_input[:4]) if events else (xs,) if keep_taps else (), events
 
 
-def taps_source(xs: torch.Tensor, weight: torch.Tensor, max_delay: float, P: int
+def taps_source(xs: torch.Tensor, max_delay: float, P: int, outputs: int, layer: int
                 ) -> tuple[tuple[torch.Tensor, ...], bool]:
     """``(kept, events)`` as :func:`linear_forward` gives them where ``keep_taps``, on the Triton backend, from the
     input alone (the input kept in the kernels' dtype)."""
     xw = xs.to(_work(xs.dtype)).contiguous()
-    return _listed(xw, xw, math.floor(max_delay) + 1, xs.shape[0] - P, weight, False, True)[1:]
+    return _listed(xw, xw, math.floor(max_delay) + 1, xs.shape[0] - P, outputs, layer, False, True)[1:]
 
 
 def linear_backward(g: torch.Tensor, kept: tuple[torch.Tensor, ...], events: bool, shape: tuple[int, ...],
@@ -147,10 +150,10 @@ class DelayLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, xs: torch.Tensor, weight: torch.Tensor, delay: torch.Tensor, bias: torch.Tensor | None,
-                max_delay: float, P: int, triton: bool) -> torch.Tensor:
+                max_delay: float, P: int, triton: bool, layer: int) -> torch.Tensor:
         ctx.args, ctx.has_bias = (max_delay, P, triton), bias is not None
         ctx.shape, ctx.dtype = tuple(xs.shape), xs.dtype
-        y, kept, ctx.events = linear_forward(xs, weight, delay, bias, max_delay, P, triton,
+        y, kept, ctx.events = linear_forward(xs, weight, delay, bias, max_delay, P, triton, layer,
                                              any(ctx.needs_input_grad[1:3]))
         ctx.save_for_backward(*kept, weight, delay)
         return y
@@ -162,7 +165,7 @@ class DelayLinearFunction(torch.autograd.Function):
         grads = linear_backward(g, tuple(kept), ctx.events, ctx.shape, ctx.dtype, weight, delay, *ctx.args,
                                 ctx.needs_input_grad[:3])
         grad_b = g.sum((0, 1)) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        return *grads, grad_b, None, None, None
+        return *grads, grad_b, None, None, None, None
 
 
 def channel_forward(xs: torch.Tensor, delay: torch.Tensor, max_delay: float, P: int) -> torch.Tensor:

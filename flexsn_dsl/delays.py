@@ -11,6 +11,7 @@ for CUDA inputs or ``backend="triton"``); under torch.compile the layers call th
 (Triton's kernels are imported on their first use)."""
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Sequence
 
@@ -22,6 +23,7 @@ from . import delay_operators, delay_passes
 __all__ = ["BACKENDS", "Delay", "DelayLinear"]
 
 BACKENDS = ("auto", "torch", "triton")
+_LAYERS = itertools.count()  # each DelayLinear's number: a captured call follows its layer's last eager choice
 
 
 def _check_backend(backend: str) -> str:
@@ -73,6 +75,7 @@ class DelayLinear(nn.Module):
         self.in_features, self.out_features, self.max_delay = in_features, out_features, max_delay
         self.learn_delay, self.backend = learn_delay, _check_backend(backend)
         self.history_steps = math.floor(max_delay) + 1  # steps x[t - k - 1] reaches back at most
+        self._layer = next(_LAYERS)
         linear = nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
         self.weight = linear.weight
         self.bias = linear.bias
@@ -107,7 +110,8 @@ class DelayLinear(nn.Module):
         xs, P = _with_history(x, history, self.history_steps, "DelayLinear")
         call = delay_operators.delay_linear if torch.compiler.is_compiling() else \
             delay_passes.DelayLinearFunction.apply
-        y = call(xs, self.weight, self.delay, self.bias, float(self.max_delay), P, _uses_triton(self.backend, xs))
+        y = call(xs, self.weight, self.delay, self.bias, float(self.max_delay), P, _uses_triton(self.backend, xs),
+                 self._layer)
         if single:
             y = y.squeeze(1)
         if not return_history:

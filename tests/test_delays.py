@@ -274,9 +274,9 @@ def test_event_kernels_values_and_gradients_equal_the_loop(T, kernels_launched, 
     assert 0 < torch.count_nonzero(x) < x.numel() / 2
 
 
-def _capture(monkeypatch) -> list[bool]:
-    """Every call from here on as inside a CUDA graph capture (simulated: no GPU here), with no eager choice seen
-    before this test; the ``read`` of each count of events made."""
+def _fresh_choices(monkeypatch) -> list[bool]:
+    """No eager choice of kernels seen before this test (what a captured call follows), and the ``read`` of each
+    count of events made from here on."""
     from flexsn_dsl import delay_kernels
     monkeypatch.setattr(delay_kernels, "_chosen", type(delay_kernels._chosen)())
     count, reads = delay_kernels.count_events, []
@@ -285,7 +285,6 @@ def _capture(monkeypatch) -> list[bool]:
         reads.append(read)
         return count(xs, read)
     monkeypatch.setattr(delay_kernels, "count_events", counted)
-    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
     return reads
 
 
@@ -293,18 +292,19 @@ def test_a_captured_call_follows_the_layers_last_eager_choice(kernels_launched, 
     """A call inside a CUDA graph capture cannot wait for the count of its events: it takes the kernels that the
     layer's last eager call on an input of its shape took (the capture's warm-up), without a warning, and lists its
     events without reading their number back, in lists with room for every entry. So an input denser at replay
-    than at the warm-up still gives the loop's values and gradients, on the event kernels. A layer whose warm-up
-    input was dense stays dense; a shape seen by no eager call is dense too (next test)."""
+    than at the warm-up still gives the loop's values and gradients, on the event kernels, and so does a layer whose
+    weight was replaced since. A layer whose warm-up input was dense stays dense; a shape seen by no eager call is
+    dense too (next test)."""
     import warnings
     from flexsn_dsl import delay_kernels
     _thresholds(monkeypatch, 0.5, 0.5)
     monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
-    reads = _capture(monkeypatch)
-    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: False)
+    reads = _fresh_choices(monkeypatch)
     sparse, dense = _layer("triton", DELAYS, 3.0), _layer("triton", DELAYS, 3.0, seed=1)
     sparse(_sparse((6, 2, 4), 0.3, 8))  # the warm-ups: event kernels and dense ones
     dense(_sparse((6, 2, 4), 0.9, 9))
     assert kernels_launched == ["_linear_forward_events", "_linear_forward"] and reads == [True, True]
+    sparse.weight = torch.nn.Parameter(sparse.weight.detach().clone())  # (moved: the choice is the layer's)
     monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: True)
     x = _sparse((6, 2, 4), 0.9, 10).requires_grad_()  # (denser than the warm-up's)
     for layer, kernels, read in ((sparse, ["_linear_forward_events", "_linear_grad_taps_events"], [False]),
@@ -326,8 +326,7 @@ def test_a_captured_call_without_an_eager_one_takes_the_dense_kernels_and_says_w
     from flexsn_dsl import delay_kernels
     _thresholds(monkeypatch, 1.0, 0.5)
     monkeypatch.setattr(delay_kernels, "EVENT_PROGRAMS", 1)
-    _capture(monkeypatch)
-    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: False)
+    _fresh_choices(monkeypatch)
     warmed, layer = _layer("triton", DELAYS, 3.0), _layer("triton", DELAYS, 3.0, seed=1)
     warmed(_sparse((6, 2, 4), 0.3, 8))  # (another layer, and another shape)
     warmed(_sparse((5, 2, 4), 0.3, 8))
@@ -348,8 +347,7 @@ def test_the_eager_choices_kept_are_bounded(monkeypatch):
     from flexsn_dsl import delay_kernels
     _thresholds(monkeypatch, 1.0, 0.5)
     monkeypatch.setattr(delay_kernels, "CHOICES_KEPT", 2)
-    _capture(monkeypatch)
-    monkeypatch.setattr(delay_kernels, "_capturing", lambda xs: False)
+    _fresh_choices(monkeypatch)
     for steps in (3, 4, 5, 4):
         delay_kernels.event_kernels(torch.zeros(steps, 2, 2), 1, steps, 8, 7)
     assert [key[1][0] for key in delay_kernels._chosen] == [5, 4]
