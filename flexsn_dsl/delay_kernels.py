@@ -400,15 +400,16 @@ def event_kernels(xs: torch.Tensor, reach: int, steps: int, outputs: int, layer:
         return EventChoice(False, False, None)
     key = (layer, tuple(xs.shape), xs.dtype, xs.device, steps)
     if _capturing(xs):
-        forward, taps = _chosen.get(key, (False, False))
-        if key not in _chosen:
+        chosen = _chosen.get(key)
+        if chosen is None:
             warnings.warn(f"flexsn-dsl: DelayLinear captured in a CUDA graph without an eager call on an input of this "
                           f"shape before it runs its dense kernels: a captured call cannot count its events, so it "
                           f"follows the choice of the layer's last eager call. Warm the step up eagerly before "
                           f"capturing it (as torch's CUDA-graph docs show): inputs sparser than about "
                           f"{EVENT_FORWARD:g} (the forward) to {EVENT_TAPS:g} (the weight and delay gradients) then "
                           f"take the faster event kernels (docs/delays.md).", stacklevel=6)
-        return EventChoice(forward, taps, None)
+            return EventChoice(False, False, None)
+        return EventChoice(*chosen, None)
     counts = count_events(xs)
     density = counts.count / max(xs.numel(), 1)
     per_add = 1 + EVENT_READ * (EVENT_STEPS + reach) / EVENT_STEPS
