@@ -95,7 +95,7 @@ class DelayLinear(nn.Module):
     @torch.no_grad()
     def round_delays_(self) -> DelayLinear:
         """Rounds the (clamped) delays to whole steps in place, for deployment and NIR export; returns self."""
-        self.delay.copy_(self.delay.clamp(0, self.max_delay).round())
+        self.delay.copy_(_rounded(self.delay, self.max_delay))
         return self
 
     def forward(self, x: torch.Tensor, history: torch.Tensor | None = None, return_history: bool = False):
@@ -120,6 +120,12 @@ class DelayLinear(nn.Module):
         return y, h.squeeze(1) if single else h
 
 
+def _rounded(delay: torch.Tensor, max_delay: float) -> torch.Tensor:
+    """Delays rounded to the nearest whole step (half to even) within ``[0, floor(max_delay)]``: a delay rounded
+    up past a fractional ``max_delay`` would be clamped back to it, a fraction again."""
+    return delay.round().clamp(0, math.floor(max_delay) if math.isfinite(max_delay) else None)
+
+
 def _read_steps(module: Delay, _keys: Any = None) -> None:
     """Sets ``history_steps`` of fixed delays from their values (a load_state_dict post-hook too), so that a
     call reads nothing back from the device."""
@@ -140,7 +146,7 @@ class Delay(nn.Module):
         delays = torch.as_tensor(delays)
         delays = delays.to(delays.dtype if delays.is_floating_point() else torch.get_default_dtype())
         if not learnable:
-            delays = delays.clamp(0, max_delay).round()
+            delays = _rounded(delays, max_delay)
         self.learnable, self.max_delay, self.backend = learnable, max_delay, _check_backend(backend)
         if learnable:
             self.delay = nn.Parameter(delays.clone())
@@ -155,7 +161,7 @@ class Delay(nn.Module):
     @torch.no_grad()
     def round_delays_(self) -> Delay:
         """Rounds the (clamped) delays to whole steps in place; returns self."""
-        self.delay.copy_(self.delay.clamp(0, self.max_delay).round())
+        self.delay.copy_(_rounded(self.delay, self.max_delay))
         _read_steps(self)
         return self
 
@@ -170,9 +176,14 @@ class Delay(nn.Module):
     def forward(self, x: torch.Tensor, history: torch.Tensor | None = None, return_history: bool = False):
         if x.dim() < 2:
             raise ValueError(f"Delay: x must be [T, B, ...], got {list(x.shape)}")
+        channels = x.shape[2:]
+        shape = self.delay.shape
+        if len(shape) > len(channels) or any(d not in (1, c) for d, c in zip(reversed(shape), reversed(channels))):
+            raise ValueError(f"Delay: its delays {list(shape)} do not broadcast to x's channels "
+                             f"{list(channels)} (x: [T, B, ...]; delays of shape [C, 1, 1] delay each of C channels "
+                             f"of a [T, B, C, H, W] signal)")
         steps = self._steps()
         xs, P = _with_history(x, history, steps, "Delay")
-        channels = x.shape[2:]
         delay = self.delay.to(x.dtype) if self.delay.dtype != x.dtype and x.is_floating_point() else self.delay
         if _uses_triton(self.backend, xs) and x.dtype.is_floating_point:
             flat = xs.reshape(*xs.shape[:2], -1)

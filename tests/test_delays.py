@@ -606,12 +606,32 @@ def test_round_delays_rounds_in_place_to_whole_steps(backend):
     _close(layer(x), loop_linear(x, layer.weight, layer.delay, layer.bias, 3.0))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rounding_under_a_fractional_max_delay_gives_whole_steps(backend):
+    """With max_delay 2.5, a delay of 2.5 or more rounds to 2, not to 3 (which the forward would clamp back to
+    2.5, a fraction again); fixed delays per channel likewise, and their streaming reaches back far enough."""
+    layer = _layer(backend, DELAYS, 2.5).round_delays_()
+    assert torch.equal(layer.delay, torch.tensor([[0.0, 1.0, 2.0, 2.0], [2.0, 0.0, 0.0, 2.0], [2.0, 0.0, 2.0, 1.0]],
+                                                 dtype=F64))
+    x = torch.randn(6, 2, 4, dtype=F64)
+    _close(layer(x), loop_linear(x, layer.weight, layer.delay, layer.bias, 2.5))
+    fixed = flexsn_dsl.Delay([1.5, 3.0, 0.4], max_delay=1.5, backend=backend)
+    assert torch.equal(fixed.delay, torch.tensor([1.0, 1.0, 0.0]))
+    x = torch.randn(5, 2, 3)
+    y = fixed(x)
+    assert torch.equal(y[1:, :, :2], x[:4, :, :2]) and not y[0, :, :2].any() and torch.equal(y[:, :, 2], x[:, :, 2])
+    y1, h = fixed(x[:2], return_history=True)
+    assert torch.equal(torch.cat([y1, fixed(x[2:], history=h)]), y)
+
+
 def test_shape_errors():
     layer = flexsn_dsl.DelayLinear(3, 2, 4)
     with pytest.raises(ValueError, match=r"x must be \[T, B, 3\]"):
         layer(torch.zeros(4, 2, 5))
     with pytest.raises(ValueError, match=r"history must have shape \[5, 2, 3\]"):
         layer(torch.zeros(4, 2, 3), history=torch.zeros(4, 2, 3))
+    with pytest.raises(ValueError, match=r"delays \[2\] do not broadcast to x's channels \[2, 3\].*\[C, 1, 1\]"):
+        flexsn_dsl.Delay([1.0, 2.0])(torch.zeros(4, 1, 2, 3))
 
 
 CHANNEL_DELAYS = torch.tensor([0.0, 1.3, 2.0, 4.5, -0.5, 4.0], dtype=F64)
@@ -652,6 +672,12 @@ def test_nir_delays_import_to_delay_and_export_from_it():
     back = flexsn_dsl.to_nir(nn.Sequential(flexsn_dsl.Delay([3.0, 0.0])), torch.zeros(4, 1, 2), dt=0.5)
     (node,) = [n for n in back.nodes.values() if isinstance(n, nir.Delay)]
     assert node.delay.tolist() == [1.5, 0.0]
+    # float32 delays written in float64 (3 steps of 1 ms, not 3.0000001 ms), so that they read back
+    back = flexsn_dsl.to_nir(nn.Sequential(flexsn_dsl.Delay([0.0, 2.0, 3.0])), torch.zeros(4, 1, 3), dt=1e-3)
+    (node,) = [n for n in back.nodes.values() if isinstance(n, nir.Delay)]
+    assert node.delay.dtype == np.float64 and node.delay.tolist() == [0.0, 2e-3, 3e-3]
+    (again,) = [m for m in flexsn_dsl.from_nir(back, dt=1e-3).modules() if isinstance(m, flexsn_dsl.Delay)]
+    assert torch.equal(again.delay, torch.tensor([0.0, 2.0, 3.0]))
     with pytest.raises(flexsn_dsl.NIRError, match="node 'delay'.*whole multiples of dt"):
         flexsn_dsl.from_nir(nir.NIRGraph.from_list(nir.Delay(delay=np.array([1e-3 + 1e-11]))), dt=1e-3)
 

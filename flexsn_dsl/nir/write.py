@@ -142,7 +142,7 @@ def _whole_steps(m: Delay | DelayLinear, dt: float | None, where: str) -> torch.
 
 def _delay_node(m: Delay, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
     steps = _whole_steps(m, dt, where)
-    return _nir().Delay(delay=np.array(np.broadcast_to(_numpy(steps) * dt, feature_in), dtype=np.float64))
+    return _nir().Delay(delay=np.broadcast_to(_numpy(steps).astype(np.float64) * dt, feature_in).copy())
 
 
 def _delay_linear_node(m: DelayLinear, feature_in: tuple[int, ...], dt: float | None, where: str) -> Any:
