@@ -196,6 +196,11 @@ def partial(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     if isinstance(expr, sympy.Pow) and expr.exp.is_number:
         base, exp = expr.args
         return exp * base ** (exp - 1) * partial(base, sym)
+    if isinstance(expr, sympy.Piecewise):  # each branch's derivative under its own condition, as sympy's, but
+        # not evaluated: sympy's Piecewise rewrites the conditions into normal form, exponential in their size
+        branches = [(partial(e, sym), c) for e, c in expr.args]
+        same = all(d == branches[0][0] for d, _ in branches)
+        return branches[0][0] if same else sympy.Piecewise(*branches, evaluate=False)
     if isinstance(expr, sympy.Function) and len(expr.args) == 1 and \
             type(expr)._eval_derivative is sympy.Function._eval_derivative:  # the plain chain rule
         return expr.fdiff(1) * partial(expr.args[0], sym)
