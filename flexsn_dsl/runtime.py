@@ -81,6 +81,7 @@ class FlexSN(nn.Module):
     def _register_parameters(self, sizes: dict[str, int] | None, values: dict[str, torch.Tensor]) -> None:
         model = self._compiled.model
         shapes = resolve_shapes(model, sizes, {n: tuple(v.shape) for n, v in values.items()})
+        self._from_spec = tuple(p.name for p in model.parameters.values() if p.name not in values)
         for p in model.parameters.values():
             # (the model refuses a parameter named like an attribute: model.MODULE_ATTRIBUTES)
             number = self._compiled.values[p.name]
@@ -218,6 +219,7 @@ class FlexSN(nn.Module):
         file, text, values, passes = state.pop("_spec_source")
         state.setdefault("_plugin_files", ())
         state.setdefault("recompute", False)
+        state.setdefault("_from_spec", ())
         state["_compiled"] = compile_spec(file, text=text, params=values, passes=passes,
                                           plugins=state["_plugin_files"])
         self.__dict__.update(state)
@@ -225,11 +227,20 @@ class FlexSN(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # .to()/.double()/.half()/.cuda() move the carried states too, as they would buffers;
-        # the baked constants move but stay float64 (a checkpoint keeps their exact values)
+        # the baked constants move but stay float64 (a checkpoint keeps their exact values); a learnable or
+        # shaped parameter that still holds its spec's value, made wider, takes that value exactly (0.1 in
+        # float64, not float32's 0.10000000149011612)
         constants = {n: self._buffers[n] for n in self._constants}
+        before = {n: getattr(self, n).detach() for n in self._from_spec if n not in constants}
         super()._apply(fn, recurse)
         for name, value in constants.items():
             self._buffers[name] = value.to(device=self._buffers[name].device)
+        for name, old in before.items():
+            new, number = getattr(self, name), self._compiled.values[name]
+            if new.is_floating_point() and old.is_floating_point() and new.dtype.itemsize > old.dtype.itemsize \
+                    and old.device.type != "meta" and torch.equal(old, torch.full_like(old, number)):
+                with torch.no_grad():
+                    new.fill_(number)
         self.states = {k: fn(v) for k, v in self.states.items()}
         self.state_seqs = {k: fn(v) for k, v in self.state_seqs.items()}
         return self

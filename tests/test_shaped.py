@@ -126,6 +126,40 @@ def test_single_step_mode_and_states_from_a_shaped_parameter(backend):
     torch.testing.assert_close(m.states["v"], v, **TIGHT)
 
 
+EXACT = """
+neuron: exact_values
+parameters:
+  k: {value: 0.1, shape: [N]}
+  a: {value: 0.4, learnable: true}
+  g: {value: 0.7, learnable: true, shape: [N]}
+states: {v: 0.0, z: a}
+step:
+  v: 0.9 * v + k * x + a + g * z
+outputs: [v]
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float64_module_holds_its_specs_values_exactly(backend):
+    """Learnable and shaped parameters are made in the default dtype (float32), as nn.Linear's weights; made
+    float64 (.double()), those still at their spec's values take them exactly (0.1, not 0.10000000149011612),
+    and so does a state that starts from one: the step in float64 equals Python's arithmetic to 1e-15."""
+    m = flexsn_dsl.loads(EXACT, sizes={"N": 3}, backend=backend)
+    assert m.k.dtype == m.a.dtype == torch.float32
+    m.double()
+    assert m.k.tolist() == [0.1] * 3 and m.a.item() == 0.4 and m.g.tolist() == [0.7] * 3
+    x = [[0.5, -1.25, 2.0], [0.3, 0.0, -0.7]]
+    got = m(torch.tensor(x, dtype=F64)[:, None])[:, 0]
+    v, expected = [0.0] * 3, []
+    for xt in x:
+        v = [0.9 * v[i] + 0.1 * xt[i] + 0.4 + 0.7 * 0.4 for i in range(3)]
+        expected.append(v)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=F64), rtol=1e-15, atol=0)
+    with torch.no_grad():  # a value trained away from the spec's keeps its own
+        m.a.add_(2 ** -10)
+    assert m.float().double().a.item() == torch.tensor(0.4 + 2 ** -10, dtype=torch.float32).item()
+
+
 def test_triton_gradients_are_deterministic():
     _, _, inp, pshape = CASES["channel"]
     tau, v_th, x = _values(pshape, seed=4)
