@@ -63,10 +63,25 @@ def test_refractory_while_the_condition_holds(backend):
     torch.testing.assert_close(m(x[:60])[0], s_ref, rtol=0, atol=0)  # reset() clears the flag
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_equality_and_inequality_in_a_condition(backend):
+    """`==` and `!=` are comparisons too (language v4): `x != 0` holds where `(x < 0) | (x > 0)` does, and
+    `x == 0` where `(x <= 0) & (x >= 0)` does, on inputs with exact zeros."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(80, 4, generator=g, dtype=torch.float64) * 3.0
+    x[torch.rand(80, 4, generator=g) < 0.4] = 0.0
+    for written, spelled in (("(v > v_off) | (x != 0)", "(v > v_off) | (x < 0) | (x > 0)"),
+                             ("(v > v_off) & (x == 0)", "(v > v_off) & (x <= 0) & (x >= 0)")):
+        got, want = (flexsn_dsl.loads(SPEC.replace("(v > v_off) | (w > 2)", c), backend=backend).double()(x)
+                     for c in (written, spelled))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert 0 < got[0].sum() < (got[1] >= 1.0).sum()  # spikes, and steps above threshold without one
+
+
 @pytest.mark.parametrize("text, line, col, message", [
     ("refractory:\n  period: 2.0\n  condition: v > 0.8\n", 12, 3, "`refractory` has both `period` and `condition`"),
     ("refractory:\n  condition: v - 0.8\n", 11, 14, "the refractory condition must be a comparison"),
-    ("refractory:\n  condition: v == 0.8\n", 11, 14, "the refractory condition must be a comparison"),
+    ("refractory:\n  condition: v * (w > 2)\n", 11, 14, "the refractory condition must be a comparison"),
     ("refractory:\n  condition: tau > 1\n", 11, 14, "does not depend on a state: it cannot end"),
     ("refractory:\n  conditon: v > 1\n", 11, 3, "unknown key 'conditon' in `refractory`"),
 ])

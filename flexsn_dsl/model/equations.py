@@ -209,14 +209,16 @@ def _refractory(spec: SpecContext, parameters, env, user_states, reset, has_thre
 
 
 def _refractory_condition(spec: SpecContext, node: Node, env, user_states: list[str]) -> tuple[sympy.Basic, SourcePos]:
-    """A comparison (`<`, `<=`, `>`, `>=`), or several joined with `&` / `|`, of the states at the start of a step."""
+    """A comparison (`<`, `<=`, `>`, `>=`, `==`, `!=`), or several joined with `&` / `|`, of the states at the start
+    of a step."""
     expr = spec.expression(node, env, "the refractory condition", comparison=True)
-    comparisons = (sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan, sympy.GreaterThan)
+    comparisons = (sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan, sympy.GreaterThan, sympy.Eq,
+                   sympy.Ne)
     parts = [expr]
     while any(isinstance(p, (sympy.And, sympy.Or)) for p in parts):
         parts = [a for p in parts for a in (p.args if isinstance(p, (sympy.And, sympy.Or)) else (p,))]
     if not all(isinstance(p, comparisons) for p in parts):
-        raise SpecError(f"the refractory condition must be a comparison (<, <=, >, >=), or several joined "
+        raise SpecError(f"the refractory condition must be a comparison (<, <=, >, >=, ==, !=), or several joined "
                         f"with & or |, not {expr}", node.pos, "write e.g. condition: v > v_th")
     _no_spike(expr, node, "the refractory condition")
     if not any(real_symbol(n) in expr.free_symbols for n in user_states):
