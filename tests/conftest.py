@@ -170,7 +170,10 @@ def _interpreter_types_once() -> None:
     worked out once a type and looked up after, and a broadcast of equal shapes returns its operands at once, as it
     did after the work (the first two, about a sixth of an interpreted launch's time; the rest, a third of the
     Python calls left; the same values: types are never changed once made). Pointer types, which cannot be hashed,
-    are worked out as before. Left alone where Triton's interpreter is off or its internals differ."""
+    are worked out as before. It also types each binary operation's operands by the general rules, where two of
+    one integer or float32/64 type, or a float32/64 tensor and a Python number, take the tensor's type: those
+    return at once (about a tenth of an interpreted launch), others are checked as before. Left alone where
+    Triton's interpreter is off or its internals differ."""
     if not interpreting():
         return
     try:
@@ -181,10 +184,11 @@ def _interpreter_types_once() -> None:
         return
     np_dtype, builder = getattr(interpreter, "_get_np_dtype", None), getattr(interpreter, "InterpreterBuilder", None)
     broadcast = getattr(TritonSemantic, "broadcast_impl_value", None)
-    if None in (np_dtype, broadcast, getattr(builder, "get_block_ty", None),
+    binary_checked = getattr(TritonSemantic, "binary_op_type_checking_impl", None)
+    if None in (np_dtype, broadcast, binary_checked, getattr(builder, "get_block_ty", None),
                 getattr(tl.block_type, "with_element_ty", None)) or getattr(np_dtype, "_once", False):
         return
-    init = tl.tensor.__init__
+    init, floats = tl.tensor.__init__, (tl.float32, tl.float64)
     np_dtypes: dict[object, object] = {}
     block_types: dict[tuple, object] = {}
     tensor_types: dict[int, tuple] = {}  # id(type): (type, the attributes init set but the handle): type kept alive
@@ -225,12 +229,25 @@ def _interpreter_types_once() -> None:
             return lhs, rhs
         return broadcast(self, lhs, rhs)
 
+    def binary_checked_at_once(self, lhs, rhs, *args, **kwargs):
+        left, right = type(lhs), type(rhs)
+        if left is tl.tensor and right is tl.tensor:  # one type, an integer or float32/64: it computes in it
+            left, right = lhs.type, rhs.type
+            if left.scalar == right.scalar and (left.scalar in floats or left.scalar.is_int()):
+                return (lhs, rhs) if left is right or left == right else self.broadcast_impl_value(lhs, rhs)
+        elif left is tl.tensor and right in (float, int) and lhs.type.scalar in floats and -2**31 <= rhs < 2**31:
+            return self.broadcast_impl_value(lhs, self.scalar_constant(rhs, lhs.type.scalar))  # (the tensor's type)
+        elif right is tl.tensor and left in (float, int) and rhs.type.scalar in floats and -2**31 <= lhs < 2**31:
+            return self.broadcast_impl_value(self.scalar_constant(lhs, rhs.type.scalar), rhs)
+        return binary_checked(self, lhs, rhs, *args, **kwargs)
+
     np_dtype_once._once = True
     interpreter._get_np_dtype = np_dtype_once
     builder.get_block_ty = lambda self, dtype, shape: block_type(dtype, shape)
     tl.block_type.with_element_ty = lambda self, scalar_ty: block_type(scalar_ty, self.shape)
     tl.tensor.__init__ = tensor_init_once
     TritonSemantic.broadcast_impl_value = broadcast_equal_shapes_at_once
+    TritonSemantic.binary_op_type_checking_impl = binary_checked_at_once
 
 
 _interpreter_types_once()
