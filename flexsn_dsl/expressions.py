@@ -118,6 +118,7 @@ class Function:
     build: Callable[..., sympy.Expr]
     condition_arg: bool = False  # first argument is a condition (where)
     optional: int = 0  # trailing arguments that may be left out (heaviside(x, h0))
+    pairs: bool = False  # any number of (value, condition) arguments, the last condition may be True (Piecewise)
 
 
 DSL_FUNCTIONS: dict[str, Function] = {
@@ -158,6 +159,11 @@ SURROGATE_FUNCTIONS: dict[str, Function] = {
     "Min": Function(2, sympy.Min),
     "Heaviside": Function(1, lambda a: sympy.Heaviside(a, sympy.Rational(1, 2))),
     "sign": Function(1, sympy.sign),
+    "Piecewise": Function(0, _piecewise, pairs=True),
+    "Pow": Function(2, sympy.Pow),
+    "Rational": Function(2, lambda p, q: p / q),
+    "sech": Function(1, lambda a: 1 / sympy.cosh(a)),
+    "asinh": Function(1, lambda a: sympy.log(a + sympy.sqrt(a ** 2 + 1))),
 }
 # What users write for a function of the language under another name (other libraries' spellings).
 FUNCTION_SYNONYMS = {"heaviside": "heaviside", "step": "spike", "unit_step": "spike", "sgn": "sign",
@@ -488,12 +494,17 @@ class ExpressionParser:
         if name in DRAW_KINDS:
             return self._draw(node, name)
         fewest = function.arity - function.optional
-        if not fewest <= len(node.args) <= function.arity:
+        if function.pairs:
+            args = [self._pair(a, name) for a in node.args]
+            if not args:
+                raise self._fail(node, f"{name}() takes (value, condition) pairs, got none",
+                                 f"write e.g. {name}((1 - Abs(x), Abs(x) < 1), (0, True))")
+        elif not fewest <= len(node.args) <= function.arity:
             counts = " or ".join(str(n) for n in range(fewest, function.arity + 1))
             forms = " or ".join(f"{name}({', '.join('abc'[:n])})" for n in range(fewest, function.arity + 1))
             raise self._fail(node, f"{name}() takes {counts} argument{'s' if function.arity != 1 else ''}, "
                                    f"got {len(node.args)}", f"write {forms}")
-        if function.condition_arg:
+        elif function.condition_arg:
             args = [self._condition(node.args[0])] + [self._expr(a) for a in node.args[1:]]
         else:
             args = [self._expr(a) for a in node.args]
@@ -507,6 +518,15 @@ class ExpressionParser:
         except (TypeError, ValueError, ArithmeticError) as exc:  # e.g. "Invalid comparison of non-real I"
             raise self._sympy_error(node, exc) from None
         return self._finite(node, value, f"{name}(...)")
+
+    def _pair(self, node: ast.AST, name: str) -> tuple[sympy.Expr, sympy.Basic]:
+        """A ``(value, condition)`` argument of a Piecewise; the condition may be ``True``."""
+        if not (isinstance(node, ast.Tuple) and len(node.elts) == 2):
+            raise self._fail(node, f"each argument of {name}() is a (value, condition) pair",
+                             f"write e.g. {name}((1 - Abs(x), Abs(x) < 1), (0, True))")
+        value, cond = node.elts
+        holds = isinstance(cond, ast.Constant) and cond.value is True
+        return self._expr(value), sympy.true if holds else self._condition(cond)
 
     def _draw(self, node: ast.Call, kind: str) -> sympy.Symbol:
         """A new draw: its symbol, numbered by its occurrence in the spec."""

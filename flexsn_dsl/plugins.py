@@ -168,7 +168,7 @@ class SurrogateRegistry:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise plugin_error(origin, f"surrogate {name!r} parameter {key!r} must be a finite number, got {value!r}")
             params[key] = float(value)
-        env = {"x": X, **{k: real_symbol(k) for k in params}}
+        env = {"x": X, "E": sympy.E, **{k: real_symbol(k) for k in params}}
         allowed = f"x and the parameters {sorted(params)}" if params else "x (declare parameters with params={...})"
         if isinstance(gradient, sympy.Basic):
             if not isinstance(gradient, sympy.Expr):

@@ -188,6 +188,32 @@ def test_plugin_file_through_load(tmp_path, backend):
     assert get_plugins([plugin]).surrogates["my_tri"].origin == str(plugin)
 
 
+SYMPY_SPELLINGS = """
+@flexsn_dsl.hookimpl
+def flexsn_dsl_register_surrogates(registry):
+    registry.register("tri_pw", gradient="Piecewise((alpha * (1 - Abs(alpha * x)), Abs(alpha * x) <= 1), (0, True))",
+                      params={"alpha": 1.0})
+    registry.register("sech2", gradient="Rational(1, 2) * alpha * sech(alpha * x) ** 2", params={"alpha": 1.0})
+    registry.register("gauss", gradient="E ** (-x ** 2) / Pow(pi, Rational(1, 2))")
+    registry.register("asinh_bump", gradient="1 / (1 + asinh(x) ** 2)")
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_gradients_in_sympys_spellings(tmp_path, backend):
+    """A gradient string is sympy's syntax (the contract: "sympy-parsable"): Piecewise of (value, condition) pairs,
+    Rational, Pow, E, sech and asinh, against the same formulas written in torch."""
+    plugin = _plugin_file(tmp_path, "sympy_spellings", SYMPY_SPELLINGS)
+    u = X64 - THRESHOLD
+    expected = {"{name: tri_pw, alpha: 2.0}": torch.where((2 * u).abs() <= 1, 2 * (1 - (2 * u).abs()), 0.0),
+                "{name: sech2, alpha: 2.0}": 1.0 / torch.cosh(2 * u) ** 2,
+                "gauss": torch.exp(-u ** 2) / math.sqrt(math.pi),
+                "asinh_bump": 1 / (1 + torch.asinh(u) ** 2)}
+    for i, (surrogate, want) in enumerate(expected.items()):
+        neuron = flexsn_dsl.loads(_probe(surrogate, f"probe_{i}"), plugins=[plugin], backend=backend)
+        torch.testing.assert_close(_grad(neuron, X64), want, rtol=1e-12, atol=1e-15)
+
+
 def test_plugin_file_from_environment_variable(tmp_path, monkeypatch):
     plugin = _plugin_file(tmp_path, "env_plugin", GOOD)
     monkeypatch.setenv("FLEXSN_DSL_PLUGINS", os.pathsep.join([str(plugin), ""]))
@@ -334,6 +360,8 @@ BAD_SURROGATE_PLUGINS = {
     "unknown_name": ('registry.register("bad", gradient="beta * exp(-x ** 2)", params={"alpha": 1.0})',
                      "surrogate 'bad': unknown name 'beta'"),
     "unknown_function": ('registry.register("bad", gradient="gamma(x)")', "unknown function 'gamma'"),
+    "not_a_pair": ('registry.register("bad", gradient="Piecewise(x, (0, True))")',
+                   "each argument of Piecewise() is a (value, condition) pair"),
     "clash": ('registry.register("sigmoid", gradient="1")',
               f"surrogate 'sigmoid' is already registered by plugin {BUILTIN}"),
     "not_finite": ('registry.register("bad", gradient="1 / x")', "is not a finite real number at x=0"),
