@@ -250,7 +250,7 @@ def run_recurrent(compiled: Compiled, inputs, states: list[torch.Tensor], prev: 
     """T steps of a recurrent spec with the fused kernels; returns (outputs, final states, [value fed back]).
     Empty ``states``: start from the spec's constant initial values."""
     scalars, shaped, layout = kernel_params(compiled, params, inputs[0])
-    seed = new_seed(inputs[0]) if compiled.model.draws else None
+    seed = new_seed(inputs[0]) if compiled.ir.used_draws else None
     results = recurrent_forward(compiled.module_name, list(inputs), list(states), prev, weight, scalars, shaped,
                                 layout, seed)
     n_out, n_finals = len(compiled.model.outputs), len(compiled.model.states) + 1

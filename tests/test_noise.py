@@ -230,6 +230,55 @@ outputs: [s, n]
 RECURRENT_FED = fed_spec(RECURRENT_NOISY)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("noisy", ["v: 0.5 * v + x + sigma * randn()",
+                                   "v: 0.5 * v + x + sigma * randn() + 0 * rand()"])
+def test_a_draw_a_zero_scale_folds_away_leaves_a_deterministic_step(noisy, backend):
+    """With sigma 0 (the spec's value, or params=) sympy folds the draw away: the kernels draw nothing, and a
+    call takes no seed (the Triton backend passed one anyway, shifting every argument: an error, and with
+    gradients memory corrupted). The step is 0.5 v + x, written out."""
+    spec = f"neuron: folded\nparameters: {{sigma: 0.0}}\nstates: {{v: 0.0}}\nstep:\n  {noisy}\noutputs: [v]\n"
+    x = torch.rand(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    ou = flexsn_dsl.load(ROOT / "neurons" / "ou_lif.yaml", params={"sigma": 0.0}, backend=backend).double()
+    runs = []
+    for seed in (0, 1):  # no noise: other seeds, the same numbers
+        torch.manual_seed(seed)
+        y = ou(x)
+        runs.append(torch.stack(y) if isinstance(y, tuple) else y)
+        ou.reset()
+    assert torch.equal(*runs)
+    m = flexsn_dsl.loads(spec, backend=backend).double()
+    y = m(x)
+    v, want = torch.zeros(2, 3, dtype=torch.float64), []
+    for xt in x:
+        v = 0.5 * v + xt
+        want.append(v)
+    torch.testing.assert_close(y, torch.stack(want), rtol=1e-15, atol=0)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(grad, (2 - 0.5 ** torch.arange(4, -1, -1, dtype=torch.float64)).reshape(5, 1, 1)
+                               .expand(5, 2, 3), rtol=1e-15, atol=0)
+
+
+def test_a_recurrent_layers_folded_draw_leaves_its_kernels_as_without_noise():
+    """The recurrent kernels as well (they took the seed as their steps: an error): sigma 0 gives the numbers
+    and gradients of the same spec with no draw at all."""
+    noisy = ("neuron: rl\nparameters: {sigma: 0.0, tau: 2.0}\nrecurrent: {r: {from: s}}\nstates: {v: 0.0}\n"
+             "step:\n  h: v + (x + r - v) / tau + sigma * randn()\n  s: spike(h - 1.0)\n  v: h * (1 - s)\n"
+             "outputs: [s, v]\n")
+    plain = noisy.replace(" + sigma * randn()", "")
+    x = torch.rand(6, 2, 3, dtype=torch.float64) * 2
+    got = []
+    for text in (noisy, plain):
+        torch.manual_seed(0)
+        m = flexsn_dsl.loads(text, backend="triton", sizes={"N": 3}).double()
+        xg = x.clone().requires_grad_()
+        s, v = m(xg)
+        got.append((s, v, *torch.autograd.grad((s + v).sum(), [xg, m.r_weight])))
+    assert got[0][0].sum() > 0
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+
+
 def test_recurrent_kernels_draw_and_regenerate_per_step():
     torch.manual_seed(0)
     noisy = flexsn_dsl.loads(RECURRENT_NOISY, backend="triton", sizes={"N": 16}).double()
