@@ -11,6 +11,9 @@ from .version import __version__
 from .errors import MissingDependency, NIRError, PluginError, ShapeError, SourcePos, SpecError
 from .hookspecs import hookimpl, hookspec
 from .codegen_triton import FlexSNInfo
+from .interpreter import switch_at_triton_import
+
+switch_at_triton_import()
 
 
 __all__ = ["Delay", "DelayLinear", "FlexSN", "FlexSNInfo", "MissingDependency", "Monitor", "NIRError", "PerStep",

@@ -15,6 +15,7 @@ import torch
 from torch.library import wrap_triton
 
 from .compiler import Compiled
+from .interpreter import switched_after_triton
 from .names import CORES, VARIANTS, core_name, kernel_name, scan_variant
 from .triton_launch import DirectLaunch, _jit_launch
 from .triton_settings import (COMPILE_OPTIONS, CPU_BLOCK, CPU_TILE, LONG_NEURONS, MAX_GRID_Y, MAX_PLANS, MIN_COLS,
@@ -28,9 +29,10 @@ class Kernels:
     def __init__(self, compiled: Compiled, device: torch.device):
         self.interpret = interpreting()
         self.device_type = device.type
-        if device.type != "cuda" and not self.interpret:
+        if device.type != "cuda" and (not self.interpret or switched_after_triton()):
             raise RuntimeError("backend='triton' on CPU tensors runs Triton's interpreter, which must be on "
-                               "before Triton is imported: set TRITON_INTERPRET=1 (or import flexsn_dsl first)")
+                               "before Triton is imported (torch.compile, torch._dynamo and torch.utils.checkpoint "
+                               "import it): set TRITON_INTERPRET=1, or import flexsn_dsl before them")
         self.module = compiled.triton_module()
         self.info = self.module.INFO
         self.name = compiled.model.name

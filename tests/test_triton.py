@@ -303,6 +303,44 @@ def test_the_bench_command_trains_on_a_cpu_in_a_fresh_process(tmp_path):
     assert len(rows) == 2 and not any("failed" in row for row in rows), run.stdout
 
 
+IMPORT_ORDERS = """
+import sys
+import torch
+if sys.argv[1] == "torch._dynamo first":
+    import torch._dynamo
+import flexsn_dsl
+if sys.argv[1] == "checkpoint after":
+    m = flexsn_dsl.load(sys.argv[2], backend="torch", recompute=True)  # (torch.utils.checkpoint imports Triton)
+    m(torch.rand(3, 1, 2, requires_grad=True)).sum().backward()
+elif sys.argv[1] == "torch._dynamo after":
+    import torch._dynamo
+x = torch.tensor([[[0.5, 3.0]], [[2.5, 0.0]], [[0.1, 2.2]]], requires_grad=True)
+y = flexsn_dsl.load(sys.argv[2], backend="triton")(x)
+y.sum().backward()  # (the backward kernels call Triton's own functions)
+print(y.flatten().tolist())
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's own switch: only where there is no GPU")
+@pytest.mark.parametrize("order", ["torch._dynamo after", "checkpoint after", "torch._dynamo first"])
+def test_the_interpreter_is_on_whoever_imports_triton_first(order, tmp_path):
+    """Importing flexsn_dsl switches the interpreter on at Triton's first import, also where torch.compile or
+    torch.utils.checkpoint makes it (Triton's own functions imported without the switch cannot run in the
+    interpreter: every later call failed with "Cannot call @triton.jit'd outside of the scope of a kernel"); a
+    process that imported Triton before flexsn_dsl is told so. LIF with tau 2, v_th 1: h = (v + x) / 2."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(FLEXSN_DSL_CACHE=str(tmp_path), PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", IMPORT_ORDERS, order, str(ROOT / "neurons" / "lif.yaml")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    if order == "torch._dynamo first":
+        assert run.returncode != 0 and "import flexsn_dsl before them" in run.stderr, run.stderr
+        return
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["[0.0,", "1.0,", "1.0,", "0.0,", "0.0,", "1.0]"], run.stdout
+
+
 def test_bench_runners_run_the_forward_only_inside_forward_in():
     """``forward_in`` (the autocast rows of benchmarks/host_cpu.py) is entered once a call, around the
     forward; the backward runs outside it, as in a training step; the gradients are those without it."""
