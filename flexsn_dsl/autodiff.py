@@ -182,7 +182,8 @@ def share_reciprocals(backward: Backward) -> Backward:
 def partial(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """d expr / d sym: sympy's derivative, with the chain rule for sums, products, numeric
     powers and one-argument functions done here (sympy's ``diff`` builds a ``Derivative`` per
-    node, most of a build's time; the results are the same expressions)."""
+    node, most of a build's time; the results are the same expressions), and piecewise expressions
+    differentiated branch by branch, their conditions left as they stand (the same values)."""
     if sym not in expr.free_symbols:
         return sympy.S.Zero
     if expr.is_Symbol:
