@@ -169,7 +169,13 @@ SURROGATE_FUNCTIONS: dict[str, Function] = {
 FUNCTION_SYNONYMS = {"heaviside": "heaviside", "step": "spike", "unit_step": "spike", "sgn": "sign",
                      "signum": "sign", "arctan": "atan", "ln": "log", "fabs": "abs",
                      "maximum": "max", "minimum": "min", "clamp": "clip", "logistic": "sigmoid", "exp_m1": "expm1",
-                     "log_1p": "log1p", "arcsin": None, "arccos": None, "asin": None, "acos": None}
+                     "log_1p": "log1p", "expit": "sigmoid", "absolute": "abs", "cosine": "cos", "sine": "sin",
+                     "tangent": "tan", "arctangent": "atan", "arcsin": None, "arccos": None, "asin": None,
+                     "acos": None, "asinh": None, "arcsinh": None, "acosh": None, "arccosh": None, "atanh": None,
+                     "arctanh": None}
+# What users call as a function that the language writes with an operator.
+WRITTEN_OTHERWISE = {"pow": "a ** b", "power": "a ** b", "square": "a ** 2", "exp2": "2 ** a",
+                     "log10": "log(a) / log(10)", "log2": "log(a) / log(2)"}
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
 _OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "**": operator.pow}
@@ -228,8 +234,11 @@ def closest(name: str, candidates) -> str:
 
 def closest_function(name: str, functions) -> str:
     """The hint for an unknown function: the function of the same meaning where there is one
-    (``step`` -> ``spike``), else the closest in spelling, else the list."""
+    (``step`` -> ``spike``), or its writing with an operator (``pow`` -> ``a ** b``), else the closest in
+    spelling, else the list."""
     meaning = FUNCTION_SYNONYMS.get(name.lower(), "")
+    if name.lower() in WRITTEN_OTHERWISE:
+        return f"write {WRITTEN_OTHERWISE[name.lower()]}"
     if meaning is None:
         return f"{name}() is not in the language: functions: {', '.join(sorted(functions))}"
     if meaning in functions:

@@ -95,7 +95,11 @@ def test_the_derived_gradient_passes_finite_differences(name):
                                            ("Heaviside", "did you mean 'heaviside'?"), ("sgn", "did you mean 'sign'?"),
                                            ("arctan", "did you mean 'atan'?"), ("clamp", "did you mean 'clip'?"),
                                            ("coshh", "did you mean 'cosh'?"),
-                                           ("arcsin", "arcsin() is not in the language: functions: abs, atan")])
+                                           ("arcsin", "arcsin() is not in the language: functions: abs, atan"),
+                                           ("expit", "did you mean 'sigmoid'?"), ("cosine", "did you mean 'cos'?"),
+                                           ("absolute", "did you mean 'abs'?"), ("pow", "write a ** b"),
+                                           ("log10", "write log(a) / log(10)"),
+                                           ("arcsinh", "arcsinh() is not in the language")])
 def test_an_unknown_function_points_at_the_one_meant(written, hint, tmp_path, capsys):
     text = spec("cosh").replace("cosh(x)", f"{written}(x)")
     with pytest.raises(flexsn_dsl.SpecError) as info:
