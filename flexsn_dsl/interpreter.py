@@ -8,7 +8,7 @@ import importlib.abc
 import os
 import sys
 
-_state = {"late": False}  # the switch came after Triton's import
+_LATE = [False]  # the switch came after Triton's import
 
 
 def use_interpreter_without_gpu() -> None:
@@ -16,13 +16,13 @@ def use_interpreter_without_gpu() -> None:
     if "TRITON_INTERPRET" not in os.environ:
         import torch
         if not torch.cuda.is_available():
-            _state["late"] = "triton" in sys.modules
+            _LATE[0] = "triton" in sys.modules
             os.environ["TRITON_INTERPRET"] = "1"
 
 
 def switched_after_triton() -> bool:
     """Whether this process switched the interpreter on after Triton was imported without it."""
-    return bool(_state["late"])
+    return _LATE[0]
 
 
 class _SwitchAtTritonImport(importlib.abc.MetaPathFinder):

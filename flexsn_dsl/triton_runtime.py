@@ -80,7 +80,7 @@ def run_triton(compiled: Compiled, inputs: Sequence[torch.Tensor], states: list[
     like = inputs[0]
     param_list, shaped, layout = kernel_params(compiled, params, like) if params else ([], [], [])
     n_out, n_st = len(model.outputs), len(model.states)
-    seed = new_seed(like) if compiled.ir.used_draws else None  # (draws a folded zero removed: none)
+    seed = new_seed(like) if compiled.ir.used_draws else None  # (none where sympy folded every draw away: 0 * randn())
     if torch.compiler.is_compiling():  # an opaque operator; registered by FlexSN.__init__
         if chunk:
             raise RuntimeError(f"{model.name}: recompute does not run under torch.compile on the Triton backend: "
