@@ -294,7 +294,9 @@ def test_a_learnable_parameter_inside_nested_clips(backend):
     spec like it had a backward the interpreter could not run; now 51 kB against 34 kB."""
     fixed = NESTED_LEARNABLE.replace("learnable: true", "learnable: false")
     assert len(compile_spec(text=NESTED_LEARNABLE).triton_source) < 2 * len(compile_spec(text=fixed).triton_source)
-    x = torch.randn(6, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 2, 4, dtype=torch.float64, generator=g, device="cpu").to(torch.get_default_device())
+    x.requires_grad_(True)
     m = flexsn_dsl.loads(NESTED_LEARNABLE, backend=backend).double()
     y = torch.stack(m(x))
     want = nested_learnable_loop(x, m.a)

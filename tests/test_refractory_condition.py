@@ -68,8 +68,9 @@ def test_equality_and_inequality_in_a_condition(backend):
     """`==` and `!=` are comparisons too (language v4): `x != 0` holds where `(x < 0) | (x > 0)` does, and
     `x == 0` where `(x <= 0) & (x >= 0)` does, on inputs with exact zeros."""
     g = torch.Generator().manual_seed(2)
-    x = torch.rand(80, 4, generator=g, dtype=torch.float64) * 3.0
-    x[torch.rand(80, 4, generator=g) < 0.4] = 0.0
+    x = torch.rand(80, 4, generator=g, dtype=torch.float64, device="cpu") * 3.0
+    x[torch.rand(80, 4, generator=g, device="cpu") < 0.4] = 0.0
+    x = x.to(torch.get_default_device())
     for written, spelled in (("(v > v_off) | (x != 0)", "(v > v_off) | (x < 0) | (x > 0)"),
                              ("(v > v_off) & (x == 0)", "(v > v_off) & (x <= 0) & (x >= 0)")):
         got, want = (flexsn_dsl.loads(SPEC.replace("(v > v_off) | (w > 2)", c), backend=backend).double()(x)
