@@ -64,9 +64,12 @@ def _lower(model: NeuronModel, values: dict[str, float]) -> list[Assignment]:
     states = list(f)
     if c.method == "exact":
         try:
-            integrated = dict(zip(states, exact_step(list(f.values()), states, float(dt))))
+            lines, values = exact_step(list(f.values()), states, float(dt))
         except PropagatorError as exc:
             raise SpecError(f"cannot derive the exact propagator: {exc}", c.method_pos, exc.hint) from None
+        for symbol, expr in lines:
+            emit(symbol, expr, c.method_pos)
+        integrated = dict(zip(states, values))
     else:
         lines, integrated = METHODS[c.method](f, dt)
         for symbol, expr in lines:

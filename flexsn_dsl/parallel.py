@@ -25,6 +25,10 @@ from .symbolic import Detach, language_text
 
 TIME_PARALLEL = "time-parallel"
 MAX_REASON = 60  # characters of the expression a reason quotes
+# operations of the coefficients (A and b, the step's state-free lines substituted into them) that a chunk's
+# composition computes each step: past this, the step runs sequentially (an exact propagator of two coupled
+# states with learnable rates: about 5,000, a summary kernel of 200 kB; the zoo's: under 20)
+MAX_COEFFICIENT_OPS = 1_000
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,10 @@ def _analyse(ir: StepIR, states: set, outputs: dict, forms: dict, values: _Value
             return f"sequential: {which} {verb} {state.name}'s update nonlinearly ({form.reason})"
         matrix.append(tuple(form.coeffs.get(s, sympy.S.Zero) for s in ir.states))
         offset.append(form.const)
+    ops = sum(sympy.count_ops(e) for e in (*offset, *(c for row in matrix for c in row)))
+    if ops > MAX_COEFFICIENT_OPS:
+        return (f"sequential: the step's coefficients take {ops} operations once its lines are substituted into "
+                f"them, more than the {MAX_COEFFICIENT_OPS} that composing chunks of steps computes at each step")
     return Affine(tuple(matrix), tuple(offset), _closure([[c != 0 for c in row] for row in matrix]))
 
 

@@ -21,15 +21,25 @@ The work is bounded by the size of the system, never by a clock (language.md, "L
   MAX_CHAIN_RATES of them, the input's rate 0 included). The divided differences are evaluated
   stably where rates meet or come close (an input or a learnable parameter can make two rates
   equal): a series where they are close, the recurrence over the farthest pair elsewhere.
-  No Jordan form, no simplification; other symbolic systems are refused.
+  No Jordan form, no simplification.
+- Two states coupled both ways with symbols in A (an adaptive LIF's v and w, a resonator with a
+  learnable frequency): e^{N} for N = [[A dt, b dt], [0, 0]] by Cayley-Hamilton over N's
+  eigenvalues l1, l2 (those of A dt) and 0, as g0 I + g1 N + g2 (N - l1)(N - l2): three named
+  lines, functions of the half trace m and of q = m**2 - det(A dt), real whether the eigenvalues
+  are real (q > 0) or a complex pair (q < 0, sin and cos). Each is taken from its series where
+  the formula would cancel: g0, g1 where |q| is below CLOSE_RATES_BELOW (equal rates), g2 where
+  every eigenvalue is near 0 (m**2 + |q| below NEAR_ZERO_PAIR).
+Other symbolic systems (a cycle through three states, or more states) are refused.
 """
 from __future__ import annotations
 
 from itertools import combinations, combinations_with_replacement
 from math import factorial
+from typing import NamedTuple
 
 import mpmath
 import sympy
+from sympy.codegen.cfunctions import expm1
 
 MAX_EXACT_STATES = 16        # states of one exact propagator (the numeric one is a (2n)^3 product per squaring)
 MAX_NUMERIC_SCALE_BITS = 40  # ||A dt|| below 2**40 (about 1.1e12): a squaring and two bits of precision per bit
@@ -38,6 +48,8 @@ MAX_CHAIN_RATES = 3          # rates along one chain of couplings (the input's 0
 CLOSE_RATES_BELOW = 1e-2     # rates (times dt) this close, or a rate this close to 0: from the series
 SERIES_DEGREE = 5            # its last term (the next is below 1e-15 of the sum there)
 DIGITS = 40                  # of the numeric exponential
+NEAR_ZERO_PAIR = 0.25        # a coupled pair's m**2 + |q| below this: g2 from its series (eigenvalues below 0.71)
+PAIR_SERIES_DEGREE = 16      # that series' last term (the next is below 1e-17 of the sum there)
 
 
 class PropagatorError(ValueError):
@@ -56,7 +68,14 @@ def linear_system(derivatives: list[sympy.Expr], states: list[sympy.Symbol]) -> 
     return A, b
 
 
-def exact_step(derivatives: list[sympy.Expr], states: list[sympy.Symbol], dt: float) -> list[sympy.Expr]:
+class ExactStep(NamedTuple):
+    """Lines to compute first (a coupled pair's coefficients, named ``<first state>__g0`` ...), then
+    each state's value after the step, which may use them."""
+    lines: list[tuple[sympy.Symbol, sympy.Expr]]
+    values: list[sympy.Expr]
+
+
+def exact_step(derivatives: list[sympy.Expr], states: list[sympy.Symbol], dt: float) -> ExactStep:
     """Each state's value after one step of dx/dt = ``derivatives`` (affine in ``states``):
     e^{A dt} x + ∫₀^dt e^{A s} ds · b."""
     n = len(states)
@@ -67,10 +86,12 @@ def exact_step(derivatives: list[sympy.Expr], states: list[sympy.Symbol], dt: fl
     if not A.free_symbols:
         phi, gamma = _numeric(A, dt)
         x, b = sympy.Matrix(states), sympy.Matrix(b)
-        return list(phi * x + gamma * b)
+        return ExactStep([], list(phi * x + gamma * b))
     if all(A[i, j] == 0 for i in range(n) for j in range(n) if i != j):
-        return [_scalar(A[i, i], b[i], states[i], dt) for i in range(n)]
-    return _symbolic(A, b, states, dt)
+        return ExactStep([], [_scalar(A[i, i], b[i], states[i], dt) for i in range(n)])
+    if n == 2 and A[0, 1] != 0 and A[1, 0] != 0:
+        return _coupled_pair(A, b, states, dt)
+    return ExactStep([], _symbolic(A, b, states, dt))
 
 
 def _reachable(A: sympy.Matrix) -> list[list[bool]]:
@@ -187,8 +208,8 @@ def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: 
     reach = _reachable(A)
     if n > MAX_SYMBOLIC_STATES or any(reach[i][j] and reach[j][i] for i in range(n) for j in range(i)):
         raise PropagatorError(f"the coupled system of {n} states has {symbols} inside its matrix A, and its "
-                              "exponential is only derived symbolically for triangular systems (one-way "
-                              f"couplings) of up to {MAX_SYMBOLIC_STATES} states",
+                              "exponential is only derived symbolically for two states coupled both ways and for "
+                              f"triangular systems (one-way couplings) of up to {MAX_SYMBOLIC_STATES} states",
                               "make the parameters inside the coupling constant (learnable: false, no shape), "
                               "or choose method: rk4")
     names = [x.name for x in states] + ["the input"]
@@ -218,3 +239,60 @@ def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: 
             total += couplings * exp_divided_difference([rate[p] for p in chain]) * start
         result.append(total)
     return result
+
+
+def _taken(condition, z: sympy.Expr) -> sympy.Expr:
+    """``z`` where ``condition`` holds, else 1: an argument (of a square root, a denominator) for the branch
+    taken there, which the other branches never turn into NaN, nor its gradient. (A sum, which sympy keeps
+    whole: it would move a square root or a reciprocal of a Piecewise into each branch.)"""
+    return z * sympy.Piecewise((1, condition), (0, True)) + sympy.Piecewise((0, condition), (1, True))
+
+
+def _even_series(q: sympy.Expr, first: int) -> sympy.Expr:
+    """sum_k q**k / (2k + first)!: cosh(sqrt(q)) (first 0) and sinh(sqrt(q)) / sqrt(q) (first 1), near q = 0."""
+    return sum((q ** k / factorial(2 * k + first) for k in range(SERIES_DEGREE + 1)), sympy.S.Zero)
+
+
+def _pair_series(s: sympy.Expr, p: sympy.Expr) -> sympy.Expr:
+    """exp[l1, l2, 0] = sum_k h_k(l1, l2) / (k + 2)! for eigenvalues of sum ``s`` and product ``p``
+    (h_k = s h_(k-1) - p h_(k-2), the complete symmetric polynomials), a sum of monomials (whose
+    derivatives are as short; Horner's form's are nested products)."""
+    S, P = sympy.Dummy("s"), sympy.Dummy("p")
+    h = [sympy.Poly(1, S, P), sympy.Poly(S, S, P)]
+    while len(h) <= PAIR_SERIES_DEGREE:
+        h.append(sympy.Poly(S, S, P) * h[-1] - sympy.Poly(P, S, P) * h[-2])
+    total = sum((hk * sympy.Rational(1, factorial(k + 2)) for k, hk in enumerate(h)), sympy.Poly(0, S, P))
+    return total.as_expr().xreplace({S: s, P: p})
+
+
+def _coupled_pair(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: float) -> ExactStep:
+    """Two states coupled both ways, by Cayley-Hamilton (module docstring). With M = A dt and its
+    eigenvalues l1, l2 = m +- sqrt(q): e^M = g0 + g1 M and the input's term (g1 - 2 m g2) b dt + g2 M b dt,
+    g0 = (l1 e^l2 - l2 e^l1) / (l1 - l2), g1 = exp[l1, l2], g2 = exp[l1, l2, 0]. Each quantity is a line of
+    its own, named after the first state (``v__m``, ``v__q``, ..., ``v__g2``), so that the kernels compute it
+    once."""
+    M, beta = A * dt, b * dt
+    name = states[0].name
+    m, p, q, r, w, G0, G1, G2 = (sympy.Symbol(f"{name}__{what}", real=True)
+                                 for what in ("m", "p", "q", "r", "w", "g0", "g1", "g2"))
+    real, rotating = q >= CLOSE_RATES_BELOW, q <= -CLOSE_RATES_BELOW
+    near_zero = m ** 2 + sympy.Abs(q) < NEAR_ZERO_PAIR
+    l1, l2 = m + r, m - r
+    h = -expm1(-2 * r) / (2 * r)  # (e^l1 - e^l2) / (l1 - l2) = e^l1 h, in (0, 1]: no overflow
+    sinc = sympy.sin(w) / w
+    near = _even_series(q, 1)
+    lines = [
+        (m, (M[0, 0] + M[1, 1]) / 2),
+        (p, M[0, 0] * M[1, 1] - M[0, 1] * M[1, 0]),
+        (q, ((M[0, 0] - M[1, 1]) / 2) ** 2 + M[0, 1] * M[1, 0]),  # m**2 - p, without its cancellation
+        (r, sympy.sqrt(_taken(real, q))),
+        (w, sympy.sqrt(_taken(rotating, -q))),
+        (G0, sympy.Piecewise((sympy.exp(l1) * (1 - l1 * h), real), (sympy.exp(m) * (sympy.cos(w) - m * sinc), rotating),
+                             (sympy.exp(m) * (_even_series(q, 0) - m * near), True))),
+        (G1, sympy.Piecewise((sympy.exp(l1) * h, real), (sympy.exp(m) * sinc, rotating), (sympy.exp(m) * near, True))),
+        (G2, sympy.Piecewise((_pair_series(2 * m, p), near_zero), ((phi1(l1) - phi1(l2)) / (2 * r), real),
+                             ((1 - G0) / _taken(~near_zero & ~real, p), True))),
+    ]
+    x = sympy.Matrix(states)
+    values = G0 * x + G1 * (M * x) + (G1 - 2 * m * G2) * beta + G2 * (M * beta)
+    return ExactStep(lines, list(values))

@@ -216,7 +216,11 @@ def test_learnable_equal_time_constants_in_a_coupled_system(backend):
     assert abs(m.tau_m.grad.item() - (closed(tau + h) - closed(tau - h)) / (2 * h)) < 1e-7
 
 
-def test_learnable_rate_in_a_rotating_system_is_refused_with_the_reason():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_learnable_rate_in_a_rotating_system(backend):
+    """Two states coupled both ways with a learnable frequency: x1 = cos(omega t), x2 = sin(omega t), and
+    d x1(t) / d omega = -t sin(omega t), d x2(t) / d omega = t cos(omega t) (tests/test_coupled_exact.py
+    covers every regime of the eigenvalues)."""
     text = """
 neuron: resonator
 parameters: {omega: {value: 0.5, learnable: true}, dt: 0.1}
@@ -226,16 +230,14 @@ equations:
   x2: omega * x1
 method: exact
 """
-    with pytest.raises(flexsn_dsl.SpecError) as info:
-        flexsn_dsl.loads(text, filename="r.yaml", backend="torch")
-    assert "omega" in info.value.message and "triangular" in info.value.message
-    assert (info.value.line, info.value.col) == (8, 9) and "rk4" in info.value.hint
-    m = flexsn_dsl.loads(text.replace("{value: 0.5, learnable: true}", "0.5"), backend="torch").to(DTYPE)
+    m = flexsn_dsl.loads(text, backend=backend).to(DTYPE)
     assert [name for name, _ in m.spec.outputs] == ["x1", "x2"]  # no threshold: every state is an output
-    x1, x2 = m(torch.zeros(30, 1, dtype=DTYPE))  # a constant omega: e^{A dt} is a rotation, computed numerically
+    x1, x2 = m(torch.zeros(30, 1, dtype=DTYPE))
     t = torch.arange(1, 31, dtype=DTYPE) * 0.1
     torch.testing.assert_close(x1[:, 0], torch.cos(0.5 * t), **TIGHT)
     torch.testing.assert_close(x2[:, 0], torch.sin(0.5 * t), **TIGHT)
+    (x1[-1, 0] + 2 * x2[-1, 0]).backward()
+    assert abs(m.omega.grad.item() - 3.0 * (-math.sin(1.5) + 2 * math.cos(1.5))) < 1e-12
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "neurons").glob("*.yaml")) + [ROOT / "tests" / "specs" / n for n in ("every_function.yaml",
-                                                                             "scalar_states.yaml")]
+                                                                             "scalar_states.yaml", "adlif_ct.yaml")]
 PLASTIC = [(ROOT / "tests" / "specs" / "stdp_triplet.yaml", ROOT / "neurons" / "lif.yaml"),
            (ROOT / "tests" / "specs" / "stdp_reward.yaml", ROOT / "neurons" / "izhikevich.yaml")]
 # the specs split so that pytest-xdist spreads the compiles, a process a group: each imports the runtime again
