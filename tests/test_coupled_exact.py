@@ -9,15 +9,19 @@ with autograd (the adaptive LIF with spikes, resets and a shaped learnable param
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import mpmath
 import pytest
 import torch
 
-import flexsn_dsl
-from flexsn_dsl.compiler import compile_spec
-from flexsn_dsl.parallel import verdict
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_reference as zr  # noqa: E402
+
+import flexsn_dsl  # noqa: E402
+from flexsn_dsl.compiler import compile_spec  # noqa: E402
+from flexsn_dsl.parallel import verdict  # noqa: E402
 
 F64 = torch.float64
 DT = 0.5
@@ -156,21 +160,6 @@ def test_the_step_stays_small_and_runs_step_by_step():
 ADLIF = (Path(__file__).parent / "specs" / "adlif_ct.yaml").read_text()  # also compiled by the sm_90 guard
 
 
-class SigmoidSpike(torch.autograd.Function):
-    """spike(u) with the sigmoid surrogate (alpha = 4), written out."""
-
-    @staticmethod
-    def forward(ctx, u):
-        ctx.save_for_backward(u)
-        return (u >= 0).to(u.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (u,) = ctx.saved_tensors
-        sg = torch.sigmoid(4.0 * u)
-        return grad * 4.0 * sg * (1 - sg)
-
-
 def adlif_loop(x, tau_u, tau_w, a, b=0.3, v_th=1.0, dt=1.0):
     """The adaptive LIF step by step: [u, w] advanced by matrix_exp of [[A dt, b dt], [0, 0]] per element."""
     T, B, N = x.shape
@@ -182,7 +171,7 @@ def adlif_loop(x, tau_u, tau_w, a, b=0.3, v_th=1.0, dt=1.0):
         E = torch.linalg.matrix_exp(torch.stack([torch.stack(r, -1) for r in rows], -2) * dt)
         state = torch.stack([u, w, torch.ones_like(u)], -1)[..., None]
         u_int, w_int = (E @ state)[..., 0, 0], (E @ state)[..., 1, 0]
-        s = SigmoidSpike.apply(u_int - v_th)
+        s = zr.spike(u_int - v_th, "sigmoid", alpha=4.0)
         u, w = (1 - s) * u_int, s * (w_int + b) + (1 - s) * w_int
         spikes.append(s), us.append(u)
     return torch.stack(spikes), torch.stack(us)

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-import flexsn_dsl
-from flexsn_dsl.cli import main
-from flexsn_dsl.compiler import compile_spec
-from flexsn_dsl.errors import SpecError
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_reference as zr  # noqa: E402
+
+import flexsn_dsl  # noqa: E402
+from flexsn_dsl.cli import main  # noqa: E402
+from flexsn_dsl.compiler import compile_spec  # noqa: E402
+from flexsn_dsl.errors import SpecError  # noqa: E402
 
 SPECS = int(os.environ.get("FLEXSN_NESTED_SPECS", "20"))  # random specs per kind (raise it to explore)
 # inputs on a grid of dyadic numbers: sums and products with the parameters below are exact in float64, so
@@ -147,21 +152,6 @@ def test_random_continuous_specs_agree_on_both_backends(seed):
     agree(continuous_spec(seed))
 
 
-class SigmoidSpike(torch.autograd.Function):
-    """spike(u) with the default surrogate (sigmoid, alpha = 4), written out."""
-
-    @staticmethod
-    def forward(ctx, u):
-        ctx.save_for_backward(u)
-        return (u >= 0).to(u.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (u,) = ctx.saved_tensors
-        sg = torch.sigmoid(4.0 * u)
-        return grad * 4.0 * sg * (1 - sg)
-
-
 def pick(cond, a, b):
     """where(cond, a, b) with number branches."""
     a, b = (t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=torch.float64) for t in (a, b))
@@ -201,7 +191,7 @@ def state_line_loop(x, th):
     v, out = torch.zeros_like(x[0]), []
     for xt in x:
         h = clip(xt, -1.0, 1.5)
-        s = SigmoidSpike.apply(h + maximum(h, 0.5))
+        s = zr.spike(h + maximum(h, 0.5), "sigmoid", alpha=4.0)
         g = v + maximum(xt, -0.5).abs()
         v = pick((xt > 0.5) | (v == 0), maximum(g, v) * 0.5, -minimum(xt, g).abs())
         out.append(torch.stack([s, h, g, v]))
@@ -232,7 +222,7 @@ def continuous_loop(x, th):
         r = pick(maximum(v, 0.25) > 0.5, r, 0.0)  # still refractory?
         resting = r > 0.5
         v_int = pick(resting, v, v + 1.0 * (clip(xt, -1.0, 2.0) - maximum(v, -0.5)) / 2.0)
-        s = pick(resting, 0.0, SigmoidSpike.apply(maximum(v_int, 0.0) - (th + minimum(xt, 0.0).abs())))
+        s = pick(resting, 0.0, zr.spike(maximum(v_int, 0.0) - (th + minimum(xt, 0.0).abs()), "sigmoid", alpha=4.0))
         v = s * minimum(v_int - 1, relu(xt) * 0.5) + (1 - s) * v_int
         r = pick(s > 0, 1.0, r)
         out.append(torch.stack([s, v]))
@@ -280,7 +270,7 @@ def nested_learnable_loop(x, a):
     for xt in x:
         h = v + clip(clip(clip(v + xt, -a, a), -1.0, 1.0), -0.5, 0.5) + \
             clip(clip(relu(v), v.abs(), a - 0.5), relu(xt), 1.0)
-        s = SigmoidSpike.apply(h - 1.0)
+        s = zr.spike(h - 1.0, "sigmoid", alpha=4.0)
         v = h * (1 - s)
         out.append(torch.stack([s, h]))
     return torch.stack(out, 1)
