@@ -27,7 +27,7 @@ TIME_PARALLEL = "time-parallel"
 MAX_REASON = 60  # characters of the expression a reason quotes
 # operations of the coefficients (A and b, the step's state-free lines substituted into them) that a chunk's
 # composition computes each step: past this, the step runs sequentially (an exact propagator of two coupled
-# states with learnable rates: about 5,000, a summary kernel of 200 kB; the zoo's: under 20)
+# states with learnable rates: about 11,000, a summary kernel of 200 kB; the zoo's: under 20)
 MAX_COEFFICIENT_OPS = 1_000
 
 

@@ -24,11 +24,12 @@ The work is bounded by the size of the system, never by a clock (language.md, "L
   No Jordan form, no simplification.
 - Two states coupled both ways with symbols in A (an adaptive LIF's v and w, a resonator with a
   learnable frequency): e^{N} for N = [[A dt, b dt], [0, 0]] by Cayley-Hamilton over N's
-  eigenvalues l1, l2 (those of A dt) and 0, as g0 I + g1 N + g2 (N - l1)(N - l2): three named
-  lines, functions of the half trace m and of q = m**2 - det(A dt), real whether the eigenvalues
-  are real (q > 0) or a complex pair (q < 0, sin and cos). Each is taken from its series where
-  the formula would cancel: g0, g1 where |q| is below CLOSE_RATES_BELOW (equal rates), g2 where
-  every eigenvalue is near 0 (m**2 + |q| below NEAR_ZERO_PAIR).
+  eigenvalues l1, l2 (those of A dt) and 0, as g0 I + g1 N + g2 (N - l1)(N - l2). g0, g1, g2 are
+  functions of the half trace m and of q = m**2 - det(A dt), real whether the eigenvalues are real
+  (q > 0) or a complex pair (q < 0, sin and cos), each taken from its series where the formula
+  would cancel: g0, g1 where |q| is below CLOSE_RATES_BELOW (equal rates), g2 where every
+  eigenvalue is near 0 (m**2 + |q| below NEAR_ZERO_PAIR). They and m, det, q and the square roots
+  are named lines of the step, so the kernels compute each once.
 Other symbolic systems (a cycle through three states, or more states) are refused.
 """
 from __future__ import annotations
@@ -69,7 +70,7 @@ def linear_system(derivatives: list[sympy.Expr], states: list[sympy.Symbol]) -> 
 
 
 class ExactStep(NamedTuple):
-    """Lines to compute first (a coupled pair's coefficients, named ``<first state>__g0`` ...), then
+    """Lines to compute first (a coupled pair's quantities, named ``<first state>__m`` ... ``__g2``), then
     each state's value after the step, which may use them."""
     lines: list[tuple[sympy.Symbol, sympy.Expr]]
     values: list[sympy.Expr]
@@ -287,7 +288,8 @@ def _coupled_pair(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], 
         (q, ((M[0, 0] - M[1, 1]) / 2) ** 2 + M[0, 1] * M[1, 0]),  # m**2 - p, without its cancellation
         (r, sympy.sqrt(_taken(real, q))),
         (w, sympy.sqrt(_taken(rotating, -q))),
-        (G0, sympy.Piecewise((sympy.exp(l1) * (1 - l1 * h), real), (sympy.exp(m) * (sympy.cos(w) - m * sinc), rotating),
+        (G0, sympy.Piecewise((sympy.exp(l1) * (1 - l1 * h), real),
+                             (sympy.exp(m) * (sympy.cos(w) - m * sinc), rotating),
                              (sympy.exp(m) * (_even_series(q, 0) - m * near), True))),
         (G1, sympy.Piecewise((sympy.exp(l1) * h, real), (sympy.exp(m) * sinc, rotating), (sympy.exp(m) * near, True))),
         (G2, sympy.Piecewise((_pair_series(2 * m, p), near_zero), ((phi1(l1) - phi1(l2)) / (2 * r), real),
