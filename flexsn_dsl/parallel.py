@@ -25,10 +25,13 @@ from .symbolic import Detach, language_text
 
 TIME_PARALLEL = "time-parallel"
 MAX_REASON = 60  # characters of the expression a reason quotes
-# operations of the coefficients (A and b, the step's state-free lines substituted into them) that a chunk's
-# composition computes each step: past this, the step runs sequentially (an exact propagator of two coupled
-# states with learnable rates: about 11,000, a summary kernel of 200 kB; the zoo's: under 20)
+# the operations of the coefficients (A and b, with the step's state-free lines substituted into them), which
+# composing chunks of steps computes at every step: past MAX_COEFFICIENT_OPS and MAX_SUBSTITUTION_GROWTH times
+# those of the step's own lines, the step runs sequentially (an exact pair of coupled states with learnable rates:
+# 15,212 against 579, where each line is used many times; the zoo's and triangular propagators': about 1 time;
+# nested clips of state-free values: 382, 9 times)
 MAX_COEFFICIENT_OPS = 1_000
+MAX_SUBSTITUTION_GROWTH = 4
 
 
 @dataclass(frozen=True)
@@ -203,9 +206,11 @@ def _analyse(ir: StepIR, states: set, outputs: dict, forms: dict, values: _Value
         matrix.append(tuple(form.coeffs.get(s, sympy.S.Zero) for s in ir.states))
         offset.append(form.const)
     ops = sum(sympy.count_ops(e) for e in (*offset, *(c for row in matrix for c in row)))
-    if ops > MAX_COEFFICIENT_OPS:
+    own = max(sum(sympy.count_ops(e) for _, e in ir.assignments), 1)
+    if ops > max(MAX_COEFFICIENT_OPS, MAX_SUBSTITUTION_GROWTH * own):
         return (f"sequential: the step's coefficients take {ops} operations once its lines are substituted into "
-                f"them, more than the {MAX_COEFFICIENT_OPS} that composing chunks of steps computes at each step")
+                f"them, {ops / own:.0f} times the {own} of its lines, which composing chunks of steps would compute "
+                f"at every step")
     return Affine(tuple(matrix), tuple(offset), _closure([[c != 0 for c in row] for row in matrix]))
 
 

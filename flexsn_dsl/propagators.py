@@ -28,9 +28,11 @@ The work is bounded by the size of the system, never by a clock (language.md, "L
   functions of the half trace m and of q = m**2 - det(A dt), real whether the eigenvalues are real
   (q > 0) or a complex pair (q < 0, sin and cos), each taken from its series where the formula
   would cancel: g0, g1 where |q| is below CLOSE_RATES_BELOW (equal rates), g2 where every
-  eigenvalue is near 0 (m**2 + |q| below NEAR_ZERO_PAIR). They and m, det, q and the square roots
-  are named lines of the step, so the kernels compute each once.
-Other symbolic systems (a cycle through three states, or more states) are refused.
+  eigenvalue is near 0 (m**2 + |q| below NEAR_ZERO_PAIR). They and m, det, q, the square roots,
+  the real eigenvalues (the one nearer 0 as det over the other, which does not cancel) and the
+  series' arguments (0 where not taken) are named lines of the step, computed once each.
+Other systems with symbols in a cyclic A are refused: three states around a cycle, or a pair coupled
+both ways inside a larger system (an adaptive LIF fed by a synaptic current).
 """
 from __future__ import annotations
 
@@ -142,13 +144,15 @@ def _safe(z: sympy.Expr) -> sympy.Expr:
     return z + sympy.Piecewise((1, sympy.Abs(z) < CLOSE_RATES_BELOW), (0, True))
 
 
-def phi1(z: sympy.Expr) -> sympy.Expr:
+def phi1(z: sympy.Expr, accurate: bool = False) -> sympy.Expr:
     """(e^z - 1) / z, continued by 1 at z = 0: the series below CLOSE_RATES_BELOW, and the
-    formula evaluated at a safe point there (so neither branch gives NaN, nor its gradient)."""
+    formula evaluated at a safe point there (so neither branch gives NaN, nor its gradient).
+    ``accurate``: expm1(z) / z, which does not lose float32's last digits just past the series
+    (1e-5 at |z| = 0.01), at the cost of a logarithm in the Triton kernels' expm1."""
     small = sympy.Abs(z) < CLOSE_RATES_BELOW
     safe = _safe(z)
     series = sum(z ** m / factorial(m + 1) for m in range(SERIES_DEGREE + 1))
-    return sympy.Piecewise((series, small), ((sympy.exp(safe) - 1) / safe, True))
+    return sympy.Piecewise((series, small), ((expm1(safe) if accurate else sympy.exp(safe) - 1) / safe, True))
 
 
 def exp_divided_difference(z: list[sympy.Expr]) -> sympy.Expr:
@@ -209,9 +213,9 @@ def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: 
     reach = _reachable(A)
     if n > MAX_SYMBOLIC_STATES or any(reach[i][j] and reach[j][i] for i in range(n) for j in range(i)):
         raise PropagatorError(f"the coupled system of {n} states has {symbols} inside its matrix A, and its "
-                              "exponential is only derived symbolically for two states coupled both ways and for "
+                              "exponential is only derived symbolically for a system of two states coupled both ways and for "
                               f"triangular systems (one-way couplings) of up to {MAX_SYMBOLIC_STATES} states",
-                              "make the parameters inside the coupling constant (learnable: false, no shape), "
+                              "make the parameters inside A constant (learnable: false, no shape), "
                               "or choose method: rk4")
     names = [x.name for x in states] + ["the input"]
     rate = [A[i, i] * dt for i in range(n)] + [sympy.S.Zero]  # node n: the held inputs b, rate 0
@@ -242,11 +246,12 @@ def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: 
     return result
 
 
-def _taken(condition, z: sympy.Expr) -> sympy.Expr:
-    """``z`` where ``condition`` holds, else 1: an argument (of a square root, a denominator) for the branch
-    taken there, which the other branches never turn into NaN, nor its gradient. (A sum, which sympy keeps
-    whole: it would move a square root or a reciprocal of a Piecewise into each branch.)"""
-    return z * sympy.Piecewise((1, condition), (0, True)) + sympy.Piecewise((0, condition), (1, True))
+def _taken(condition, z: sympy.Expr, other: int) -> sympy.Expr:
+    """``z`` where ``condition`` holds, else ``other``: an argument (of a square root, a denominator, a
+    series) for the branch taken there, which the other branches never turn into NaN or infinity, nor its
+    gradient. (A sum, which sympy keeps whole: it would move a square root or a reciprocal of a Piecewise
+    into each branch.)"""
+    return z * sympy.Piecewise((1, condition), (0, True)) + sympy.Piecewise((0, condition), (other, True))
 
 
 def _even_series(q: sympy.Expr, first: int) -> sympy.Expr:
@@ -269,32 +274,43 @@ def _pair_series(s: sympy.Expr, p: sympy.Expr) -> sympy.Expr:
 def _coupled_pair(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: float) -> ExactStep:
     """Two states coupled both ways, by Cayley-Hamilton (module docstring). With M = A dt and its
     eigenvalues l1, l2 = m +- sqrt(q): e^M = g0 + g1 M and the input's term (g1 - 2 m g2) b dt + g2 M b dt,
+    written g1 b dt - g2 adj(M) b dt (in a stiff pair the two terms of the first form are large and cancel),
     g0 = (l1 e^l2 - l2 e^l1) / (l1 - l2), g1 = exp[l1, l2], g2 = exp[l1, l2, 0]. Each quantity is a line of
     its own, named after the first state (``v__m``, ``v__q``, ..., ``v__g2``), so that the kernels compute it
     once."""
     M, beta = A * dt, b * dt
     name = states[0].name
-    m, p, q, r, w, G0, G1, G2 = (sympy.Symbol(f"{name}__{what}", real=True)
-                                 for what in ("m", "p", "q", "r", "w", "g0", "g1", "g2"))
+    m, p, q, r, w, l1, l2, q_equal, m_near, p_near, G0, G1, G2 = (
+        sympy.Symbol(f"{name}__{what}", real=True)
+        for what in ("m", "p", "q", "r", "w", "l1", "l2", "q_equal", "m_near", "p_near", "g0", "g1", "g2"))
     real, rotating = q >= CLOSE_RATES_BELOW, q <= -CLOSE_RATES_BELOW
-    near_zero = m ** 2 + sympy.Abs(q) < NEAR_ZERO_PAIR
-    l1, l2 = m + r, m - r
+    equal, near_zero = sympy.Abs(q) < CLOSE_RATES_BELOW, m ** 2 + sympy.Abs(q) < NEAR_ZERO_PAIR
+    far = m + r * sympy.Piecewise((-1, m < 0), (1, True))  # the eigenvalue farther from 0: |far| >= r > 0
     h = -expm1(-2 * r) / (2 * r)  # (e^l1 - e^l2) / (l1 - l2) = e^l1 h, in (0, 1]: no overflow
     sinc = sympy.sin(w) / w
-    near = _even_series(q, 1)
+    near = _even_series(q_equal, 1)
     lines = [
         (m, (M[0, 0] + M[1, 1]) / 2),
         (p, M[0, 0] * M[1, 1] - M[0, 1] * M[1, 0]),
         (q, ((M[0, 0] - M[1, 1]) / 2) ** 2 + M[0, 1] * M[1, 0]),  # m**2 - p, without its cancellation
-        (r, sympy.sqrt(_taken(real, q))),
-        (w, sympy.sqrt(_taken(rotating, -q))),
+        (r, sympy.sqrt(_taken(real, q, 1))),
+        (w, sympy.sqrt(_taken(rotating, -q, 1))),
+        # the real eigenvalues m +- r, the one nearer 0 as p over the other (m + r cancels where m << 0)
+        (l1, sympy.Piecewise((p / far, m < 0), (far, True))),
+        (l2, sympy.Piecewise((far, m < 0), (p / far, True))),
+        # the series' arguments: 0 where they are not taken, so that no power there overflows, nor its gradient
+        # (lines of their own: sympy would take a power of each factor of a product)
+        (q_equal, _taken(equal, q, 0)),
+        (m_near, _taken(near_zero, m, 0)),
+        (p_near, _taken(near_zero, p, 0)),
         (G0, sympy.Piecewise((sympy.exp(l1) * (1 - l1 * h), real),
                              (sympy.exp(m) * (sympy.cos(w) - m * sinc), rotating),
-                             (sympy.exp(m) * (_even_series(q, 0) - m * near), True))),
+                             (sympy.exp(m) * (_even_series(q_equal, 0) - m * near), True))),
         (G1, sympy.Piecewise((sympy.exp(l1) * h, real), (sympy.exp(m) * sinc, rotating), (sympy.exp(m) * near, True))),
-        (G2, sympy.Piecewise((_pair_series(2 * m, p), near_zero), ((phi1(l1) - phi1(l2)) / (2 * r), real),
-                             ((1 - G0) / _taken(~near_zero & ~real, p), True))),
+        (G2, sympy.Piecewise((_pair_series(2 * m_near, p_near), near_zero), ((phi1(l1, True) - phi1(l2, True)) / (2 * r), real),
+                             ((1 - G0) / _taken(~near_zero & ~real, p, 1), True))),
     ]
     x = sympy.Matrix(states)
-    values = G0 * x + G1 * (M * x) + (G1 - 2 * m * G2) * beta + G2 * (M * beta)
+    adjugate = sympy.Matrix([[M[1, 1], -M[0, 1]], [-M[1, 0], M[0, 0]]])  # 2 m - M: no terms cancel in it
+    values = G0 * x + G1 * (M * x + beta) - G2 * (adjugate * beta)
     return ExactStep(lines, list(values))
