@@ -213,8 +213,9 @@ def _symbolic(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], dt: 
     reach = _reachable(A)
     if n > MAX_SYMBOLIC_STATES or any(reach[i][j] and reach[j][i] for i in range(n) for j in range(i)):
         raise PropagatorError(f"the coupled system of {n} states has {symbols} inside its matrix A, and its "
-                              "exponential is only derived symbolically for a system of two states coupled both ways and for "
-                              f"triangular systems (one-way couplings) of up to {MAX_SYMBOLIC_STATES} states",
+                              "exponential is only derived symbolically for a system of two states coupled both "
+                              f"ways and for triangular systems (one-way couplings) of up to {MAX_SYMBOLIC_STATES} "
+                              "states",
                               "make the parameters inside A constant (learnable: false, no shape), "
                               "or choose method: rk4")
     names = [x.name for x in states] + ["the input"]
@@ -295,9 +296,10 @@ def _coupled_pair(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], 
         (q, ((M[0, 0] - M[1, 1]) / 2) ** 2 + M[0, 1] * M[1, 0]),  # m**2 - p, without its cancellation
         (r, sympy.sqrt(_taken(real, q, 1))),
         (w, sympy.sqrt(_taken(rotating, -q, 1))),
-        # the real eigenvalues m +- r, the one nearer 0 as p over the other (m + r cancels where m << 0)
-        (l1, sympy.Piecewise((p / far, m < 0), (far, True))),
-        (l2, sympy.Piecewise((far, m < 0), (p / far, True))),
+        # the real eigenvalues m +- r, the one nearer 0 as p over the other (m + r cancels where m << 0); 0 where
+        # they are complex (p / far could overflow exp in the real branch's formulas there, and so their gradient)
+        (l1, _taken(real, sympy.Piecewise((p / far, m < 0), (far, True)), 0)),
+        (l2, _taken(real, sympy.Piecewise((far, m < 0), (p / far, True)), 0)),
         # the series' arguments: 0 where they are not taken, so that no power there overflows, nor its gradient
         # (lines of their own: sympy would take a power of each factor of a product)
         (q_equal, _taken(equal, q, 0)),
@@ -307,7 +309,8 @@ def _coupled_pair(A: sympy.Matrix, b: sympy.Matrix, states: list[sympy.Symbol], 
                              (sympy.exp(m) * (sympy.cos(w) - m * sinc), rotating),
                              (sympy.exp(m) * (_even_series(q_equal, 0) - m * near), True))),
         (G1, sympy.Piecewise((sympy.exp(l1) * h, real), (sympy.exp(m) * sinc, rotating), (sympy.exp(m) * near, True))),
-        (G2, sympy.Piecewise((_pair_series(2 * m_near, p_near), near_zero), ((phi1(l1, True) - phi1(l2, True)) / (2 * r), real),
+        (G2, sympy.Piecewise((_pair_series(2 * m_near, p_near), near_zero),
+                             ((phi1(l1, True) - phi1(l2, True)) / (2 * r), real),
                              ((1 - G0) / _taken(~near_zero & ~real, p, 1), True))),
     ]
     x = sympy.Matrix(states)

@@ -66,6 +66,7 @@ REGIMES = {
     "near zero, at its border": (-0.6, 1.0, _q_of(0.25 - 0.09 - 1e-7, -0.6, -0.6, 1.0), -0.6),  # m**2 + q = 0.25-
     "past it": (-0.6, 1.0, _q_of(0.25 - 0.09 + 1e-7, -0.6, -0.6, 1.0), -0.6),
     "an eigenvalue just past the series": (-0.0212, 1.0, 1e-12, -2.0),  # -0.0106 and -1 (times dt)
+    "a fast rotation": (0.0, -60.0, 60.0, 0.0),  # det 900: the real branch's formulas overflow there, unused
     "growing": (0.8, 0.4, 0.3, 0.6),
     "stiff": (-200.0, 1.0, 50.0, -0.5),
 }
